@@ -2,13 +2,13 @@
 //! expected and what came.
 
 use crate::error::{Error, Result};
-use crate::tensor::{DType, TensorView, TensorViewMut};
+use crate::tensor::{DType, Device, TensorView, TensorViewMut};
 
 /// `t` has rank `dims.len()` and every `Some(n)` dimension equals `n`. `spec` is the
 /// shape as the docs write it (`"[B,S,H,D]"`), `dims` its values where known.
 pub fn shape(op: &'static str, arg: &'static str, t: &TensorView, spec: &str, dims: &[Option<usize>]) -> Result<()> {
     let got = t.shape();
-    let ok = got.len() == dims.len() && got.iter().zip(dims).all(|(&g, d)| d.map_or(true, |d| d == g));
+    let ok = got.len() == dims.len() && got.iter().zip(dims).all(|(&g, d)| d.is_none_or(|d| d == g));
     if ok {
         return Ok(());
     }
@@ -26,6 +26,15 @@ pub fn dtype(op: &'static str, arg: &'static str, t: &TensorView, allowed: &[DTy
 
 pub const FLOATS: &[DType] = &[DType::BF16, DType::F32];
 pub const INTS: &[DType] = &[DType::I32, DType::I64];
+
+/// An output view on the inputs' `device` (checked before anything is written, so a
+/// backend never receives memory it cannot address), then as [`output`].
+pub fn output_on(op: &'static str, arg: &'static str, t: &TensorViewMut, device: Device, want_dtype: DType, want_shape: &[usize], strides: Option<&[isize]>) -> Result<()> {
+    if t.device() != device {
+        return Err(Error::Device { op, arg, expected: format!("{device} (the device of the inputs)"), got: t.device() });
+    }
+    output(op, arg, t, want_dtype, want_shape, strides)
+}
 
 /// An output view: exactly this dtype and shape, and row-major contiguous unless
 /// `strides` gives the required layout.

@@ -10,8 +10,13 @@ pub enum Tolerance {
     F32Rows { row_len: usize },
     /// bf16 outputs (attention out, dq): ||got - ref|| / ||ref|| <= 1e-2.
     Bf16,
-    /// bf16 outputs of qnorm_rope: Bf16 and every element within 2 bf16 ulps.
-    Bf16Ulps { row_len: usize },
+    /// bf16 outputs of qnorm_rope: Bf16 and every element within 2 bf16 ulps of its
+    /// reference magnitude. Rows are `row_len` channels whose last `rotary` form rotated
+    /// pairs: a pair's magnitude is its L2 norm (a rotation mixes the pair, so a 1-ulp
+    /// difference in one input lands on both outputs); other channels use their own
+    /// magnitude, floored at 1/256 of the row's largest (an element that is a difference
+    /// of near-equal terms has no ulp of its own worth keeping).
+    Bf16Ulps { row_len: usize, rotary: usize },
     /// f32-accumulated gradients (dkv, dsinks, dweights, dpooled_kv): rel. Frobenius <= 5e-3.
     F32Grad,
     /// Exactly equal.
@@ -109,15 +114,19 @@ pub fn judge(name: &str, got: &[f64], reference: &[f64], tol: Tolerance) -> Judg
         Tolerance::F32Grad => (rel_fro(), 5e-3),
         Tolerance::RelFro(b) => (rel_fro(), b),
         Tolerance::Exact => (got.iter().zip(reference).filter(|(g, r)| g != r).count() as f64, 0.0),
-        Tolerance::Bf16Ulps { row_len } => {
-            // Each element within 2 ulps of the reference magnitude: the element's own, or
-            // 1/256 of its row's largest, whichever is larger (an element that is a
-            // difference of near-equal terms has no ulp of its own worth keeping).
+        Tolerance::Bf16Ulps { row_len, rotary } => {
             let mut worst_ulps = 0.0f64;
+            let rot0 = row_len.saturating_sub(rotary);
             for (gr, rr) in got.chunks(row_len.max(1)).zip(reference.chunks(row_len.max(1))) {
                 let row_max = rr.iter().map(|r| r.abs()).fold(0.0, f64::max);
-                for (&g, &r) in gr.iter().zip(rr) {
-                    let mag = r.abs().max(row_max / 256.0);
+                for (i, (&g, &r)) in gr.iter().zip(rr).enumerate() {
+                    let own = if i >= rot0 && i - rot0 < rotary {
+                        let pair = rot0 + ((i - rot0) & !1);
+                        rr[pair].hypot(*rr.get(pair + 1).unwrap_or(&0.0))
+                    } else {
+                        r.abs()
+                    };
+                    let mag = own.max(row_max / 256.0);
                     worst_ulps = worst_ulps.max((g - r).abs() / bf16_ulp(mag));
                 }
             }

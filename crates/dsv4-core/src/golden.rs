@@ -277,7 +277,7 @@ fn run_qnorm_rope(c: &Case, tg: &Target) -> Result<Vec<Judgement>> {
     let cos = tg.put(c.t("cos")?, DType::F32)?;
     let sin = tg.put(c.t("sin")?, DType::F32)?;
     let g = tg.put(c.t("grad_out")?, DType::BF16)?;
-    let tol = Tolerance::Bf16Ulps { row_len: cc };
+    let tol = Tolerance::Bf16Ulps { row_len: cc, rotary: c.need_u("rotary")? };
     let mut out = Vec::new();
     // x as stored ([B,H,S,C] contiguous) and as the usual transposed token-major view.
     let x_plain = tg.put(xs, DType::BF16)?;

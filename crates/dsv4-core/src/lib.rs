@@ -22,3 +22,8 @@ pub mod tensor;
 pub use backend::{is_kernel_available, BackendName, KernelBackend};
 pub use error::{Error, Result};
 pub use tensor::{DType, Device, Tensor, TensorView, TensorViewMut};
+
+/// The README's Rust example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -64,7 +64,7 @@ const REDUCE_CHUNKS: usize = 32;
 /// shared by a fixed chunk of rows; return the accumulators summed in chunk order.
 pub fn rows_with_reduction<R: Real>(out: &mut [R], row_len: usize, acc_len: usize, f: impl Fn(usize, &mut [R], &mut [R]) + Sync) -> Vec<R> {
     use rayon::prelude::*;
-    assert!(row_len > 0 && out.len() % row_len == 0);
+    assert!(row_len > 0 && out.len().is_multiple_of(row_len));
     let n_rows = out.len() / row_len;
     let per_chunk = n_rows.div_ceil(REDUCE_CHUNKS).max(1);
     let partials: Vec<Vec<R>> = out

@@ -102,7 +102,7 @@ pub fn indexer_scores(backend: BackendName, a: &IndexerArgs) -> Result<Tensor> {
 
 pub fn indexer_scores_into(backend: BackendName, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check::output("indexer_scores", "out", out, DType::F32, &[dm.b, dm.s, dm.p], None)?;
+    check::output_on("indexer_scores", "out", out, device, DType::F32, &[dm.b, dm.s, dm.p], None)?;
     select(backend, "indexer_scores", device)?.indexer_scores(a, out)
 }
 

@@ -60,7 +60,7 @@ pub fn scores<R: Real>(dm: Dims, q: &[R], kv: &[R], w: &[R], scale: R, causal: C
 /// Per row of `[rows, p]` scores: the `k` best finite scores, descending, ties to the lower
 /// index; `(-1, -inf)` past the finite count. Returns `(indices, values)`, `[rows, k]`.
 pub fn topk<R: Real>(scores: &[R], p: usize, k: usize) -> (Vec<i64>, Vec<R>) {
-    let rows = if p == 0 { 0 } else { scores.len() / p };
+    let rows = scores.len().checked_div(p).unwrap_or(0);
     let mut idx = vec![-1i64; rows * k];
     let mut val = vec![R::neg_infinity(); rows * k];
     idx.par_chunks_mut(k.max(1)).zip(val.par_chunks_mut(k.max(1))).enumerate().for_each(|(r, (ir, vr))| {
@@ -101,7 +101,6 @@ pub struct Grads<R> {
 }
 
 /// Backward of `topk_scores` given `g [b,s,t]` (SPEC.md section 3). Deterministic.
-#[allow(clippy::too_many_arguments)]
 pub fn topk_scores_backward<R: Real>(dm: Dims, q: &[R], kv: &[R], w: &[R], idx: &[i64], t: usize, grad: &[R], scale: R, causal: Causal) -> Grads<R> {
     let (hd, d) = (dm.h * dm.d, dm.d);
     let rows = dm.b * dm.s;

@@ -36,7 +36,7 @@ impl QNormRopeArgs<'_> {
         check::shape(OP, "x", &self.x, "[B,H,S,C]", &[None; 4])?;
         let (b, h, s, c) = (self.x.shape()[0], self.x.shape()[1], self.x.shape()[2], self.x.shape()[3]);
         check::at_least(OP, "x.shape[3] (channels)", c, 1)?;
-        if self.rotary % 2 != 0 || self.rotary > c {
+        if !self.rotary.is_multiple_of(2) || self.rotary > c {
             return Err(Error::value(OP, "rotary", format!("an even number <= C = {c}"), self.rotary));
         }
         check::positive(OP, "eps", self.eps as f64)?;
@@ -71,8 +71,8 @@ pub fn qnorm_rope(backend: BackendName, a: &QNormRopeArgs) -> Result<(Tensor, Te
 
 pub fn qnorm_rope_into(backend: BackendName, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check::output(OP, "out", out, a.x.dtype(), &out_shape(dm), Some(&token_major_strides(out_shape(dm))))?;
-    check::output(OP, "rstd", rstd, DType::F32, &[dm.b * dm.s * dm.h], None)?;
+    check::output_on(OP, "out", out, device, a.x.dtype(), &out_shape(dm), Some(&token_major_strides(out_shape(dm))))?;
+    check::output_on(OP, "rstd", rstd, device, DType::F32, &[dm.b * dm.s * dm.h], None)?;
     select(backend, OP, device)?.qnorm_rope_fwd(a, out, rstd)
 }
 
@@ -97,6 +97,6 @@ pub fn qnorm_rope_backward(backend: BackendName, a: &QNormRopeArgs, rstd: &Tenso
 
 pub fn qnorm_rope_backward_into(backend: BackendName, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorView, dx: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = validate_bwd(a, rstd, grad)?;
-    check::output(OP, "dx", dx, a.x.dtype(), &out_shape(dm), Some(&token_major_strides(out_shape(dm))))?;
+    check::output_on(OP, "dx", dx, device, a.x.dtype(), &out_shape(dm), Some(&token_major_strides(out_shape(dm))))?;
     select(backend, OP, device)?.qnorm_rope_bwd(a, rstd, grad, dx)
 }

@@ -44,7 +44,7 @@ pub fn sinkhorn_normalize(backend: BackendName, a: &SinkhornArgs) -> Result<Tens
 
 pub fn sinkhorn_normalize_into(backend: BackendName, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<()> {
     let (_, _, device) = a.validate()?;
-    check::output(OP, "out", out, DType::F32, a.x.shape(), None)?;
+    check::output_on(OP, "out", out, device, DType::F32, a.x.shape(), None)?;
     select(backend, OP, device)?.sinkhorn_fwd(a, out)
 }
 
@@ -69,6 +69,6 @@ pub fn sinkhorn_normalize_backward(backend: BackendName, a: &SinkhornArgs, dout:
 
 pub fn sinkhorn_normalize_backward_into(backend: BackendName, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorViewMut) -> Result<()> {
     let device = validate_bwd(a, dout)?;
-    check::output(OP, "dx", dx, DType::F32, a.x.shape(), None)?;
+    check::output_on(OP, "dx", dx, device, DType::F32, a.x.shape(), None)?;
     select(backend, OP, device)?.sinkhorn_bwd(a, dout, dx)
 }

@@ -158,15 +158,15 @@ impl<'a> SparseAttentionBwdArgs<'a> {
     }
 }
 
-fn check_outputs(dm: Dims, dtype: DType, out: &TensorViewMut, lse: &TensorViewMut) -> Result<()> {
-    check::output(OP, "out", out, dtype, &[dm.b, dm.s, dm.h, dm.d], None)?;
-    check::output(OP, "lse", lse, DType::F32, &[dm.b, dm.s, dm.h], None)
+fn check_outputs(dm: Dims, device: Device, dtype: DType, out: &TensorViewMut, lse: &TensorViewMut) -> Result<()> {
+    check::output_on(OP, "out", out, device, dtype, &[dm.b, dm.s, dm.h, dm.d], None)?;
+    check::output_on(OP, "lse", lse, device, DType::F32, &[dm.b, dm.s, dm.h], None)
 }
 
 /// Forward into caller memory: `out [B,S,H,D]` (q's dtype), `lse [B,S,H]` f32.
 pub fn sparse_attention_into(backend: BackendName, a: &SparseAttentionArgs, out: &mut TensorViewMut, lse: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check_outputs(dm, a.q.dtype(), out, lse)?;
+    check_outputs(dm, device, a.q.dtype(), out, lse)?;
     let be = select(backend, OP, device)?;
     a.check_plan_backend(be.name())?;
     be.sparse_attention_fwd(a, out, lse)
@@ -186,9 +186,9 @@ pub fn sparse_attention(backend: BackendName, a: &SparseAttentionArgs) -> Result
 /// Backward into caller memory: dq (q's dtype), dkv (kv's dtype), dsinks `[H]` f32.
 pub fn sparse_attention_backward_into(backend: BackendName, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, dkv: &mut TensorViewMut, dsinks: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check::output(OP, "dq", dq, a.fwd.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
-    check::output(OP, "dkv", dkv, a.fwd.kv.dtype(), &[dm.b, dm.k, dm.d], None)?;
-    check::output(OP, "dsinks", dsinks, DType::F32, &[dm.h], None)?;
+    check::output_on(OP, "dq", dq, device, a.fwd.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
+    check::output_on(OP, "dkv", dkv, device, a.fwd.kv.dtype(), &[dm.b, dm.k, dm.d], None)?;
+    check::output_on(OP, "dsinks", dsinks, device, DType::F32, &[dm.h], None)?;
     let be = select(backend, OP, device)?;
     a.fwd.check_plan_backend(be.name())?;
     be.sparse_attention_bwd(a, dq, dkv, dsinks)
@@ -219,7 +219,7 @@ pub fn dense_attention_topk(backend: BackendName, a: &SparseAttentionArgs) -> Re
 /// `dense_attention_topk` into caller memory.
 pub fn dense_attention_topk_into(backend: BackendName, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check::output("dense_attention_topk", "out", out, a.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
+    check::output_on("dense_attention_topk", "out", out, device, a.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
     let be = select(backend, "dense_attention_topk", device)?;
     a.check_plan_backend(be.name())?;
     be.dense_attention_topk(a, out)

@@ -38,27 +38,37 @@ fn key_set(row: &[i64], k: usize) -> Vec<usize> {
     keys
 }
 
-/// One row's forward: writes `out [h,d]`, returns nothing; `lse [h]`.
+/// One row's forward: writes `out [h,d]` and `lse [h]`. Keys are the outer loop so each
+/// gathered kv row is read once for all heads (MQA: every head shares it).
 fn row_forward<R: Real>(dm: Dims, q: &[R], kv: &[R], sinks: &[R], keys: &[usize], scale: R, out: &mut [R], lse: &mut [R]) {
-    let d = dm.d;
-    let mut logits = vec![R::zero(); keys.len()];
-    for h in 0..dm.h {
-        let qh = &q[h * d..(h + 1) * d];
-        for (l, &key) in logits.iter_mut().zip(keys) {
-            *l = scale * dot(qh, &kv[key * d..(key + 1) * d]);
+    let (d, h, t) = (dm.d, dm.h, keys.len());
+    // logits[h * t + j] = scale * <q[h], kv[keys[j]]>
+    let mut logits = vec![R::zero(); h * t];
+    for (j, &key) in keys.iter().enumerate() {
+        let kvk = &kv[key * d..(key + 1) * d];
+        for hh in 0..h {
+            logits[hh * t + j] = scale * dot(&q[hh * d..(hh + 1) * d], kvk);
         }
-        let m = logits.iter().fold(sinks[h], |m, &l| m.max(l));
-        let oh = &mut out[h * d..(h + 1) * d];
-        oh.iter_mut().for_each(|o| *o = R::zero());
-        let mut z = (sinks[h] - m).exp();
-        for (&l, &key) in logits.iter().zip(keys) {
-            let p = (l - m).exp();
-            z = z + p;
-            axpy(p, &kv[key * d..(key + 1) * d], oh);
+    }
+    // p[h, j] = exp(l - m_h), Z_h = sum_j p + exp(sink_h - m_h), m_h includes the sink.
+    for hh in 0..h {
+        let row = &mut logits[hh * t..(hh + 1) * t];
+        let m = row.iter().fold(sinks[hh], |m, &l| m.max(l));
+        let mut z = (sinks[hh] - m).exp();
+        for l in row.iter_mut() {
+            *l = (*l - m).exp();
+            z = z + *l;
         }
         let inv = R::one() / z;
-        oh.iter_mut().for_each(|o| *o = *o * inv);
-        lse[h] = m + z.ln();
+        row.iter_mut().for_each(|p| *p = *p * inv);
+        lse[hh] = m + z.ln();
+    }
+    out.iter_mut().for_each(|o| *o = R::zero());
+    for (j, &key) in keys.iter().enumerate() {
+        let kvk = &kv[key * d..(key + 1) * d];
+        for hh in 0..h {
+            axpy(logits[hh * t + j], kvk, &mut out[hh * d..(hh + 1) * d]);
+        }
     }
 }
 
@@ -88,7 +98,6 @@ pub struct Grads<R> {
 /// Backward over all rows, from the saved `out` and `lse` (SPEC.md section 1). Rows
 /// accumulate dkv and dsinks in fixed chunks summed in order, so the reference is bitwise
 /// reproducible for both `backward_impl`s.
-#[allow(clippy::too_many_arguments)]
 pub fn backward<R: Real>(dm: Dims, q: &[R], kv: &[R], sinks: &[R], idx: &[i64], width: usize, scale: R, out: &[R], lse: &[R], dout: &[R]) -> Grads<R> {
     let (d, hd, rows) = (dm.d, dm.h * dm.d, dm.b * dm.s);
     let kvlen = dm.b * dm.k * d;
@@ -103,27 +112,36 @@ pub fn backward<R: Real>(dm: Dims, q: &[R], kv: &[R], sinks: &[R], idx: &[i64], 
         let kvb = &kv[b * dm.k * d..(b + 1) * dm.k * d];
         let (dkv, dsinks) = acc.split_at_mut(kvlen);
         let dkvb = &mut dkv[b * dm.k * d..(b + 1) * dm.k * d];
-        let mut dl = Vec::with_capacity(keys.len());
-        for h in 0..dm.h {
-            let o = r * hd + h * d;
-            let (qh, doh, oh) = (&q[o..o + d], &dout[o..o + d], &out[o..o + d]);
-            let lse_h = lse[r * dm.h + h];
-            let delta = dot(doh, oh);
-            dl.clear();
-            let dqh = &mut dq_row[h * d..(h + 1) * d];
-            for &key in &keys {
-                let kvk = &kvb[key * d..(key + 1) * d];
-                let p = (scale * dot(qh, kvk) - lse_h).exp();
-                let dlt = p * (dot(doh, kvk) - delta);
-                axpy(scale * dlt, kvk, dqh);
-                dl.push((p, dlt));
+        let (h, t) = (dm.h, keys.len());
+        let (qr, dor, or) = (&q[r * hd..(r + 1) * hd], &dout[r * hd..(r + 1) * hd], &out[r * hd..(r + 1) * hd]);
+        let delta: Vec<R> = (0..h).map(|hh| dot(&dor[hh * d..(hh + 1) * d], &or[hh * d..(hh + 1) * d])).collect();
+        // Keys outer, heads inner: each gathered kv row is read once for all heads.
+        // p[h,j] = exp(l - lse), dl[h,j] = p * (<dout_h, kv_j> - delta_h).
+        let mut p = vec![R::zero(); h * t];
+        let mut dl = vec![R::zero(); h * t];
+        for (j, &key) in keys.iter().enumerate() {
+            let kvk = &kvb[key * d..(key + 1) * d];
+            for hh in 0..h {
+                let pj = (scale * dot(&qr[hh * d..(hh + 1) * d], kvk) - lse[r * h + hh]).exp();
+                p[hh * t + j] = pj;
+                dl[hh * t + j] = pj * (dot(&dor[hh * d..(hh + 1) * d], kvk) - delta[hh]);
             }
-            for (&key, &(p, dlt)) in keys.iter().zip(&dl) {
-                let dkvk = &mut dkvb[key * d..(key + 1) * d];
-                axpy(scale * dlt, qh, dkvk);
-                axpy(p, doh, dkvk);
+        }
+        for (j, &key) in keys.iter().enumerate() {
+            let kvk = &kvb[key * d..(key + 1) * d];
+            for hh in 0..h {
+                // dq_h += scale * dl * kv_j
+                axpy(scale * dl[hh * t + j], kvk, &mut dq_row[hh * d..(hh + 1) * d]);
             }
-            dsinks[h] = dsinks[h] - (sinks[h] - lse_h).exp() * delta;
+            let dkvk = &mut dkvb[key * d..(key + 1) * d];
+            for hh in 0..h {
+                // dkv_j += scale * dl * q_h + p * dout_h
+                axpy(scale * dl[hh * t + j], &qr[hh * d..(hh + 1) * d], dkvk);
+                axpy(p[hh * t + j], &dor[hh * d..(hh + 1) * d], dkvk);
+            }
+        }
+        for hh in 0..h {
+            dsinks[hh] = dsinks[hh] - (sinks[hh] - lse[r * h + hh]).exp() * delta[hh];
         }
     });
     let (dkv, dsinks) = acc.split_at(kvlen);

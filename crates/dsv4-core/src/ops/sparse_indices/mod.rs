@@ -191,7 +191,7 @@ pub fn build_sparse_topk_indices(backend: BackendName, a: &BuildIndicesArgs) -> 
 /// `build_sparse_topk_indices` into caller memory (`[B,S,W']` i32).
 pub fn build_sparse_topk_indices_into(backend: BackendName, a: &BuildIndicesArgs, out: &mut TensorViewMut) -> Result<()> {
     let (dm, device) = a.validate()?;
-    check::output(OP, "out", out, DType::I32, &[dm.batch_size, dm.seq_len, dm.width()], None)?;
+    check::output_on(OP, "out", out, device, DType::I32, &[dm.batch_size, dm.seq_len, dm.width()], None)?;
     let be = select(backend, OP, device)?;
     be.build_sparse_topk_indices(a, out)
 }
@@ -231,10 +231,14 @@ impl SparseIndexPlan {
 
     /// `[B*S, width]` local key positions (-1 masked) from the reference layout.
     pub fn local_rows(&self) -> Result<(Vec<i64>, usize)> {
-        let width = *self.indices.shape().last().unwrap_or(&0);
+        let rows = self.batch * self.seq;
+        // The fields are public: a hand-made plan must not make the reads below overrun.
+        if !self.indices.dtype().is_int() || self.indices.shape().len() != 3 || self.indices.shape()[..2] != [rows, 1] {
+            return Err(Error::Shape { op: "sparse_attention", arg: "plan", expected: format!("plan.indices: integer [{rows}, 1, width] (batch * seq rows)"), got: self.indices.shape().to_vec() });
+        }
+        let width = self.indices.shape()[2];
         let g = self.indices.to_i64_vec()?;
         let k = self.kv_len as i64;
-        let rows = self.batch * self.seq;
         let mut local = vec![-1i64; rows * width];
         for r in 0..rows {
             let b = (r / self.seq.max(1)) as i64;

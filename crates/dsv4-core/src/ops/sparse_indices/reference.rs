@@ -65,7 +65,7 @@ pub fn build(dm: &BuildDims, inp: &BuildInputs) -> Vec<i64> {
             let p = inp.q_positions.as_ref().map_or(si as i64, |qp| qp[bi * s + si]);
             if !dm.vision() {
                 let w = dm.window_size as i64;
-                let first = (p - w + 1).max(0);
+                let first = p.saturating_sub(w - 1).max(0);
                 for (j, slot) in row[..wwin].iter_mut().enumerate() {
                     let k = first + j as i64;
                     *slot = if k > p { -1 } else { k };
@@ -78,11 +78,11 @@ pub fn build(dm: &BuildDims, inp: &BuildInputs) -> Vec<i64> {
                     Some((ct, tc)) => {
                         for (j, slot) in comp.iter_mut().enumerate() {
                             let c = ct[(bi * s + si) * tc + j];
-                            *slot = if c >= 0 { c + v } else { -1 };
+                            *slot = if c >= 0 { c.saturating_add(v) } else { -1 };
                         }
                     }
                     None => {
-                        let visible = (p + 1).div_euclid(dm.compress_ratio as i64);
+                        let visible = p.saturating_add(1).div_euclid(dm.compress_ratio as i64);
                         for (j, slot) in comp.iter_mut().enumerate() {
                             *slot = if (j as i64) < visible { v + j as i64 } else { -1 };
                         }
