@@ -1,1 +1,91 @@
-fn main() {}
+//! `dsv4`: check, benchmark and describe the DeepSeek-V4 attention-layer kernels.
+
+mod bench;
+mod check;
+mod data;
+
+use std::process::ExitCode;
+
+use dsv4_core::backend::{self, BackendName};
+use dsv4_core::Device;
+
+const USAGE: &str = "usage:
+  dsv4 check [--backend auto|reference|cuda] [--preset tiny|small|medium] [--seed N]
+      every operation forward and backward through the backend, judged against an f64
+      evaluation of the reference (SPEC.md section 8); exits 1 on any failure
+  dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N]
+      GPU timings (CUDA events, medians) against the measured H200 ceilings
+  dsv4 info
+      backends and devices this process sees";
+
+fn main() -> ExitCode {
+    dsv4_cuda::register();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("check") => cmd_check(&args[1..]),
+        Some("bench") => bench::main(&args[1..]),
+        Some("info") => cmd_info(),
+        Some("-h") | Some("--help") | Some("help") => {
+            println!("{USAGE}");
+            Ok(true)
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("dsv4: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--name value` from the argument list.
+pub(crate) fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+fn cmd_check(args: &[String]) -> dsv4_core::Result<bool> {
+    let name: BackendName = opt(args, "--backend").unwrap_or("auto").parse()?;
+    let preset_name = opt(args, "--preset").unwrap_or("small");
+    let preset = check::preset(preset_name).ok_or_else(|| dsv4_core::Error::Data(format!("unknown preset `{preset_name}` (tiny, small, medium)")))?;
+    let seed = opt(args, "--seed").map(|s| s.parse().unwrap_or(0)).unwrap_or(0x5eed);
+    // `auto` and `cuda` run on the GPU when there is one; otherwise on the CPU.
+    let device = match name {
+        BackendName::Reference => Device::Cpu,
+        BackendName::Cuda => Device::Cuda(0),
+        BackendName::Auto => match backend::cuda_backend() {
+            Ok(_) => Device::Cuda(0),
+            Err(why) => {
+                eprintln!("dsv4 check: no CUDA backend ({why}); auto runs the reference on the CPU");
+                Device::Cpu
+            }
+        },
+    };
+    println!("dsv4 check: preset {preset_name}, backend {name}, device {device}");
+    let t0 = std::time::Instant::now();
+    let rows = check::run(name, device, preset, seed, &mut std::io::stderr())?;
+    let ok = check::print_table(&rows, &mut std::io::stdout());
+    let failed = rows.iter().filter(|r| !r.judgement.pass).count();
+    println!("{} checks: {} passed, {} failed ({:.1} s)", rows.len(), rows.len() - failed, failed, t0.elapsed().as_secs_f64());
+    Ok(ok)
+}
+
+fn cmd_info() -> dsv4_core::Result<bool> {
+    println!("dsv4-kernels {}", env!("CARGO_PKG_VERSION"));
+    for line in backend::reference_backend().describe() {
+        println!("  {line}");
+    }
+    match backend::cuda_backend() {
+        Ok(b) => b.describe().iter().for_each(|l| println!("  {l}")),
+        Err(why) => println!("  cuda: not available: {why}"),
+    }
+    for fam in backend::KERNEL_FAMILIES {
+        println!("  is_kernel_available({fam:?}) = {}", dsv4_core::is_kernel_available(fam));
+    }
+    Ok(true)
+}

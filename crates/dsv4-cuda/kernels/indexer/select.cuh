@@ -1,0 +1,176 @@
+// Block-wide exact top-k of one row of f32 scores (SPEC.md section 3), shared by the
+// top-k kernel (topk.cu, rows in global memory or cached in shared memory) and the fused
+// scores + top-k kernel (scores.cu with IDX_FUSED=1, rows in shared memory):
+//
+//  1. key(x) = an order-preserving u32 of x (finite only; -0 is +0, non-finite is 0 and
+//     never selected).
+//  2. Radix select, 8 bits a pass from the top: a 256-bin histogram of the keys that
+//     share the prefix found so far, a suffix scan, and the bin where the count from the
+//     top reaches the remaining rank. After 4 passes the threshold T is the K-th largest
+//     key and `need` says how many keys equal to T are taken. (When the row holds at most
+//     K finite scores, T = 0: all finite keys, need = 0.)
+//  3. Keys > T (fewer than K) are gathered as (key << 32 | ~index) and bitonic-sorted
+//     descending: score descending, index ascending.
+//  4. Keys == T are taken in index order (a block-wide ordered scan) right after the
+//     sorted ones until `need` are placed; the rest of the row is (-1, -inf).
+// Every output slot is written exactly once; the result does not depend on scheduling.
+#pragma once
+
+#include "common.cuh"
+
+namespace dsv4 {
+namespace indexer {
+
+// Order-preserving key of a finite score; 0 for -inf, +inf and NaN (never selected).
+__device__ __forceinline__ u32 score_key(float x) {
+    if (!isfinite(x)) return 0u;
+    const u32 u = x == 0.0f ? 0u : __float_as_uint(x);  // -0 and +0 tie, like the reference
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -FLT_MAX -> 0x00800000 > 0
+}
+
+constexpr int SELECT_BINS = 256;
+
+// Shared scratch of one selection (2304 bytes), besides the sort buffer.
+struct SelectSmem {
+    u32 hist[SELECT_BINS];
+    u32 suffix[SELECT_BINS];  // suffix[j] = hist[j] + ... + hist[255]
+    u32 misc[32];             // [0] selected bin, [1] remaining rank, [2] gathered count
+    u32 warp_sums[32];
+};
+static_assert(sizeof(SelectSmem) == 2304, "mirrored by the launchers");
+
+// suffix[] from hist[] by warp 0: lane l owns bins [8l, 8l+8). Ends with a barrier.
+__device__ __forceinline__ void select_suffix_scan(SelectSmem& sm) {
+    const int tid = threadIdx.x;
+    if (tid < 32) {
+        u32 own = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) own += sm.hist[tid * 8 + j];
+        u32 incl = own;  // sum over lanes >= tid
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_down_sync(DSV4_FULL_MASK, incl, o);
+            if (tid + o < 32) incl += y;
+        }
+        u32 run = incl - own;
+#pragma unroll
+        for (int j = 7; j >= 0; --j) {
+            run += sm.hist[tid * 8 + j];
+            sm.suffix[tid * 8 + j] = run;
+        }
+    }
+    __syncthreads();
+}
+
+// Top-K of the row `key_at(i)` / `val_at(i)`, i < P, into idx_out[0..K) / val_out[0..K).
+// Called by every thread of the block (NTHREADS of them); `sort` holds a power of two
+// >= K entries. Starts with a barrier (the row may have just been written).
+template <int NTHREADS, class KeyAt, class ValAt>
+__device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int* idx_out, float* val_out) {
+    static_assert(NTHREADS % 32 == 0 && NTHREADS >= 32 && NTHREADS <= 1024, "whole warps");
+    constexpr int NWARPS = NTHREADS / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // ---- 2. radix select ----------------------------------------------------------------
+    u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K);
+    bool all_finite = false;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        __syncthreads();  // the previous pass's readers of hist / misc are done
+        for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
+        __syncthreads();
+        for (int i = tid; i < P; i += NTHREADS) {
+            const u32 k = key_at(i);
+            if (k != 0u && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 0xffu], 1u);
+        }
+        __syncthreads();
+        select_suffix_scan(sm);
+        if (shift == 24 && sm.suffix[0] <= static_cast<u32>(K)) {  // block-uniform
+            all_finite = true;
+            remaining = sm.suffix[0];
+            break;
+        }
+        for (int t = tid; t < SELECT_BINS; t += NTHREADS) {
+            const u32 above = t + 1 < SELECT_BINS ? sm.suffix[t + 1] : 0u;
+            if (above < remaining && sm.suffix[t] >= remaining) {
+                sm.misc[0] = static_cast<u32>(t);
+                sm.misc[1] = remaining - above;
+            }
+        }
+        __syncthreads();
+        prefix |= sm.misc[0] << shift;
+        mask |= 0xffu << shift;
+        remaining = sm.misc[1];
+    }
+    const u32 thr = all_finite ? 0u : prefix;
+    const int need = all_finite ? 0 : static_cast<int>(remaining);
+    const int n_gt = all_finite ? static_cast<int>(remaining) : K - need;  // keys > T, all taken
+
+    // ---- 3. gather keys > T and sort them (score desc, index asc) ------------------------
+    __syncthreads();  // everyone has read misc / suffix
+    if (tid == 0) sm.misc[2] = 0;
+    __syncthreads();
+    for (int i = tid; i < P; i += NTHREADS) {
+        const u32 k = key_at(i);
+        if (k > thr) {
+            const u32 pos = atomicAdd(&sm.misc[2], 1u);
+            sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
+        }
+    }
+    int n2 = 1;
+    while (n2 < n_gt) n2 <<= 1;
+    __syncthreads();
+    for (int i = n_gt + tid; i < n2; i += NTHREADS) sort[i] = 0ull;  // pads sort last
+    __syncthreads();
+    for (int size = 2; size <= n2; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < n2 / 2; i += NTHREADS) {
+                const int lo = 2 * i - (i & (stride - 1));
+                const int hi = lo + stride;
+                const bool desc = (lo & size) == 0;
+                const u64 x = sort[lo], y = sort[hi];
+                if (x != y && (x < y) == desc) {
+                    sort[lo] = y;
+                    sort[hi] = x;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (int j = tid; j < n_gt; j += NTHREADS) {
+        const int i = static_cast<int>(0xffffffffu - static_cast<u32>(sort[j] & 0xffffffffull));
+        idx_out[j] = i;
+        val_out[j] = val_at(i);
+    }
+
+    // ---- 4. keys == T in index order, then the unfilled tail -----------------------------
+    int base = 0;  // keys == T placed so far (block-uniform)
+    for (int start = 0; start < P && base < need; start += NTHREADS) {
+        const int i = start + tid;
+        const bool hit = i < P && key_at(i) == thr;
+        const u32 ballot = __ballot_sync(DSV4_FULL_MASK, hit);
+        if (lane == 0) sm.warp_sums[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < NWARPS; ++w) {
+            const int c = static_cast<int>(sm.warp_sums[w]);
+            before += w < warp ? c : 0;
+            total += c;
+        }
+        const int rank = base + before + __popc(ballot & ((1u << lane) - 1u));
+        if (hit && rank < need) {
+            idx_out[n_gt + rank] = i;
+            val_out[n_gt + rank] = val_at(i);
+        }
+        base += total;
+        __syncthreads();  // warp_sums is rewritten next round
+    }
+    const float neg_inf = -__int_as_float(0x7f800000);
+    for (int j = n_gt + need + tid; j < K; j += NTHREADS) {
+        idx_out[j] = -1;
+        val_out[j] = neg_inf;
+    }
+    __syncthreads();  // the caller may reuse the row, sort and scratch
+}
+
+}  // namespace indexer
+}  // namespace dsv4

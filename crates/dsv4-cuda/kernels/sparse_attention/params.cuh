@@ -1,0 +1,130 @@
+// Parameter structs of the sparse-attention kernels (SPEC.md sections 1 and 6). Each is
+// passed by value as the single kernel argument and mirrored field by field by a
+// #[repr(C)] struct in src/sparse_attention.rs; the sizes are asserted on both sides.
+// Strides are in elements. 8-byte fields come first so neither side pads.
+//
+// Index conventions shared by every kernel: a slot of row (b, s) holds `idx - b*idx_bias`
+// as its key (idx_bias = 0 for a [B,S,T] selection, K for a plan's global coordinates);
+// a key outside [0, K) is a masked slot and is never dereferenced.
+#pragma once
+
+#include "common.cuh"
+
+// fwd.cu: `sparse_attention` forward and, with SA_DEDUP=1 over a sorted plan, the dense
+// oracle `dense_attention_topk` (duplicate keys collapse).
+struct SparseAttnFwdParams {
+    const bf16* q;         // [B,S,H,D], d-stride 1, rows 16-byte aligned
+    const bf16* kv;        // [B,K,D], d-stride 1, rows 16-byte aligned
+    const float* sinks;    // [H] (stride sinks_sh), pre-scaled logits
+    const void* idx;       // [B,S,T] i32 or i64 (any strides); plan: [B*S,1,T] i32 global b*K+k, -1 = masked
+    const i32* row_len;    // [B*S] valid-prefix length per row (plan), or null: scan all T slots
+    bf16* out;             // [B,S,H,D] out, contiguous
+    float* lse;            // [B,S,H] out, contiguous, natural log
+    i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
+    i64 kv_sb, kv_sk;      // kv strides of b, k
+    i64 idx_sb, idx_ss, idx_st;  // idx strides of b, s, t
+    i64 idx_bias;          // key = idx - b * idx_bias
+    i64 sinks_sh;          // sinks stride
+    i32 B, S, H, K, T;
+    i32 idx_is_i64;        // idx's element type
+    i32 smem_bytes;        // dynamic shared memory of the launch (checked against the layout)
+    float sm_scale;        // applied to q.k; sinks are not scaled
+};
+DSV4_PARAMS_SIZE(SparseAttnFwdParams, 168);
+
+// bwd.cu: `sparse_attention` backward, both reductions of dkv.
+// A CTA owns one chunk = (batch b, head block, consecutive rows s of b); chunk
+// c = ((b * n_head_blocks) + head_block) * chunks_per_bh + row_chunk.
+struct SparseAttnBwdParams {
+    const bf16* q;         // [B,S,H,D], d-stride 1, rows 16-byte aligned
+    const bf16* kv;        // [B,K,D], d-stride 1, rows 16-byte aligned
+    const float* sinks;    // [H] (stride sinks_sh)
+    const void* idx;       // as SparseAttnFwdParams::idx
+    const i32* row_len;    // [B*S] or null, as SparseAttnFwdParams::row_len
+    const bf16* out;       // [B,S,H,D] forward output, d-stride 1, rows 16-byte aligned
+    const bf16* dout;      // [B,S,H,D] gradient of out, d-stride 1, rows 16-byte aligned
+    const float* lse;      // [B,S,H] forward log-normaliser (natural log), any strides
+    bf16* dq;              // [B,S,H,D] out, contiguous
+    float* dkv;            // atomic: [B,K,D] f32 zeroed; deterministic: partials [chunks of this launch, K, D] zeroed
+    float* dsinks_part;    // [B*S, H] out: -p_sink * delta per row and head (0 for an empty row)
+    i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
+    i64 kv_sb, kv_sk;      // kv strides of b, k
+    i64 idx_sb, idx_ss, idx_st;  // idx strides of b, s, t
+    i64 idx_bias;          // key = idx - b * idx_bias
+    i64 sinks_sh;          // sinks stride
+    i64 o_sb, o_ss, o_sh;  // out strides of b, s, h
+    i64 do_sb, do_ss, do_sh;     // dout strides of b, s, h
+    i64 lse_sb, lse_ss, lse_sh;  // lse strides of b, s, h
+    i32 B, S, H, K, T;
+    i32 idx_is_i64;        // idx's element type
+    i32 smem_bytes;        // dynamic shared memory of the launch (checked against the layout)
+    i32 rows_per_chunk;    // consecutive rows one CTA walks through, in order (atomic: 1)
+    i32 chunks_per_bh;     // row chunks per (batch, head block) = ceil(S / rows_per_chunk)
+    i32 chunk_base;        // chunk of blockIdx.x == 0 (deterministic mode launches in waves)
+    i32 deterministic;     // 1: plain read-modify-write of the CTA's own partial; 0: f32 atomics
+    i32 all_rows_nonempty; // 1: the caller promises every row has a valid slot
+    float sm_scale;
+    i32 pad_;
+};
+DSV4_PARAMS_SIZE(SparseAttnBwdParams, 296);
+
+// bwd_reduce.cu: deterministic mode's fixed-order sum of one wave of partials into acc.
+struct SparseAttnDkvReduceParams {
+    const float* partial;  // [n_chunks, K*D], chunk i of the wave = global chunk chunk_base + i
+    float* acc;            // [B, K*D] in/out f32
+    i64 n;                 // K*D
+    i32 B;
+    i32 chunk_base;        // first chunk of the wave
+    i32 n_chunks;          // chunks in the wave
+    i32 chunks_per_batch;  // n_head_blocks * chunks_per_bh
+};
+DSV4_PARAMS_SIZE(SparseAttnDkvReduceParams, 40);
+
+// bwd_reduce.cu: f32 accumulator -> bf16 gradient.
+struct SparseAttnConvertParams {
+    const float* src;      // [n]
+    bf16* dst;             // [n] out
+    i64 n;
+};
+DSV4_PARAMS_SIZE(SparseAttnConvertParams, 24);
+
+// bwd_reduce.cu: dsinks[h] = sum over rows of dsinks_part[row, h], in a fixed order.
+struct SparseAttnDsinksParams {
+    const float* part;     // [rows, H]
+    float* dsinks;         // [H] out
+    i64 rows;
+    i32 H;
+    i32 pad_;
+};
+DSV4_PARAMS_SIZE(SparseAttnDsinksParams, 32);
+
+// plan.cu: per row, the valid keys as global b*K+k ascending (duplicates kept), then -1.
+struct SparseAttnPlanParams {
+    const void* idx;       // [B,S,T] i32 or i64 (any strides), entries outside [0,K) masked
+    i32* indices;          // [B*S, 1, T] out
+    i32* lengths;          // [B*S] out: valid slots per row
+    i64 idx_sb, idx_ss, idx_st;  // idx strides of b, s, t
+    i32 B, S, T, K;
+    i32 sort_cap;          // power of two >= max(T, 1): the shared sort buffer, in ints
+    i32 idx_is_i64;
+};
+DSV4_PARAMS_SIZE(SparseAttnPlanParams, 72);
+
+// plan.cu: the nonempty rows ascending, then -1 (one CTA; a fixed-length result so the
+// plan needs no host round trip).
+struct SparseAttnValidRowsParams {
+    const i32* lengths;    // [rows]
+    i64* valid_rows;       // [rows] out
+    i64 rows;
+};
+DSV4_PARAMS_SIZE(SparseAttnValidRowsParams, 24);
+
+// pack.cu: a strided bf16 tensor copied into a contiguous one (for inputs whose rows are
+// not 16-byte aligned or whose last dim is strided).
+struct SparseAttnPackParams {
+    const bf16* src;       // [n0, n1, n2, n3] (any strides)
+    bf16* dst;             // [n0, n1, n2, n3] out, contiguous
+    i64 s0, s1, s2, s3;    // src strides
+    i64 n0, n1, n2, n3;    // sizes
+};
+DSV4_PARAMS_SIZE(SparseAttnPackParams, 80);

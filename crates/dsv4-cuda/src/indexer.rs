@@ -1,0 +1,800 @@
+//! The lightning indexer on the GPU (SPEC.md sections 2 and 3): launchers for
+//! `kernels/indexer/`.
+//!
+//! - `scores`: tensor-core causal scores (`scores.cu`): per CTA a block of queries with all
+//!   their heads against streamed tiles of pooled keys, relu + weighted head sum in
+//!   registers, tiles past the causal limit never computed.
+//! - `topk`: one CTA per row (`topk.cu`): radix select on order-preserving keys, gather of
+//!   the keys above the threshold, bitonic sort, ties at the threshold taken in index order.
+//! - `fused_topk`: the scores kernel keeps each query's row of scores in shared memory and
+//!   selects its top-k there with the same block-wide selection as `topk`
+//!   (`select.cuh`): memory O(S × k), one launch. Rows too long for shared memory (P
+//!   beyond ~10.8K at H = 64, D = 128, k = 512; see [`FUSED_SMEM_BYTES`]) fall back to
+//!   scores of a bounded block of queries in a scratch (at most [`FUSED_SCRATCH_BYTES`])
+//!   followed by `topk`, block after block.
+//! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection).
+//! - `topk_scores_backward`: `bwd.cu`, CUDA-core products, dkv by atomics or by per-CTA
+//!   partial slices summed in a fixed order (deterministic).
+//!
+//! q and pooled_kv must be bf16; inputs may have any strides (the tensor-core loaders read
+//! 16-byte rows; other layouts are first packed by `pack.cu`). Outputs are contiguous.
+
+use std::mem::size_of;
+
+use dsv4_core::ops::indexer::{IndexerArgs, IndexerTopkScoresBwdArgs};
+use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
+
+use crate::runtime::{Gpu, Scratch};
+
+/// Whether these kernels can run (`is_kernel_available("indexer")`).
+pub const READY: bool = true;
+
+/// Shared memory a CTA of the fully fused scores + top-k may use (its rows of P scores and
+/// sort buffer included); beyond it `fused_topk` takes the chunked path. 160 KiB keeps one
+/// CTA per SM with room on Hopper (227 KiB) and A100 (163 KiB opt-in).
+pub const FUSED_SMEM_BYTES: usize = 160 << 10;
+
+/// Bytes of `SelectSmem` (select.cuh).
+const SELECT_SMEM_BYTES: usize = 2304;
+
+/// Bound on the scores scratch of `fused_topk`'s chunked path, in bytes.
+pub const FUSED_SCRATCH_BYTES: usize = 256 << 20;
+
+/// Bound on the partial-dkv workspace of the deterministic backward, in bytes.
+pub const BWD_WORKSPACE_BYTES: usize = 256 << 20;
+
+// ---------------------------------------------------------------------------------------
+// Params structs, mirrored by kernels/indexer/params.cuh (same field order and types).
+
+/// `IndexerScoresParams` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerScoresParams {
+    /// `[B,S,H,D]` bf16, d-stride 1, rows 16-byte aligned.
+    pub q: u64,
+    /// `[B,P,D]` bf16, same row rules.
+    pub kv: u64,
+    /// `[B,S,H]` f32.
+    pub w: u64,
+    /// `[B,S,T]` i32/i64 (gather mode), else 0.
+    pub topk: u64,
+    /// dense `[B, s_count, P]`, gather `[B, s_count, T]`, fused: values `[B, s_count, K]`
+    /// f32, last dim contiguous.
+    pub out: u64,
+    /// fused: indices `[B, s_count, K]` i32 at out's strides; else 0.
+    pub idx: u64,
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub kv_sb: i64,
+    pub kv_sp: i64,
+    pub w_sb: i64,
+    pub w_ss: i64,
+    pub w_sh: i64,
+    pub t_sb: i64,
+    pub t_ss: i64,
+    pub t_st: i64,
+    pub out_sb: i64,
+    pub out_ss: i64,
+    pub b: i32,
+    pub s: i32,
+    pub h: i32,
+    pub d: i32,
+    pub p: i32,
+    pub t: i32,
+    pub s_begin: i32,
+    pub s_count: i32,
+    pub query_start: i32,
+    pub compress_ratio: i32,
+    pub topk_is_i64: i32,
+    /// fused: min(k, P)
+    pub k: i32,
+    /// fused: power of two >= k
+    pub sort_cap: i32,
+    pub scale: f32,
+}
+
+/// `IndexerTopkParams` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerTopkParams {
+    /// `[B,S,P]` f32, any strides.
+    pub scores: u64,
+    /// `[B,S,K]` i32 out.
+    pub idx: u64,
+    /// `[B,S,K]` f32 out, idx's strides.
+    pub vals: u64,
+    pub sc_sb: i64,
+    pub sc_ss: i64,
+    pub sc_sp: i64,
+    pub out_sb: i64,
+    pub out_ss: i64,
+    pub b: i32,
+    pub s: i32,
+    pub p: i32,
+    /// min(k, P)
+    pub k: i32,
+    /// power of two >= K
+    pub sort_cap: i32,
+    pub cache_row: i32,
+}
+
+/// `IndexerBwdParams` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerBwdParams {
+    /// `[B,S,H,D]` bf16, any strides.
+    pub q: u64,
+    /// `[B,P,D]` bf16, any strides.
+    pub kv: u64,
+    /// `[B,S,H]` f32.
+    pub w: u64,
+    /// `[B,S,T]` i32/i64.
+    pub topk: u64,
+    /// `[B,S,T]` f32.
+    pub grad: u64,
+    /// `[B,S,H,D]` bf16 out, contiguous.
+    pub dq: u64,
+    /// `[B,S,H]` f32 out, contiguous.
+    pub dw: u64,
+    /// atomic: `[B,P,D]` zeroed; deterministic: partials `[B, n_chunks, P, D]` zeroed.
+    pub dkv: u64,
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub q_sd: i64,
+    pub kv_sb: i64,
+    pub kv_sp: i64,
+    pub kv_sd: i64,
+    pub w_sb: i64,
+    pub w_ss: i64,
+    pub w_sh: i64,
+    pub t_sb: i64,
+    pub t_ss: i64,
+    pub t_st: i64,
+    pub g_sb: i64,
+    pub g_ss: i64,
+    pub g_st: i64,
+    pub dkv_sb: i64,
+    pub dkv_sc: i64,
+    pub b: i32,
+    pub s: i32,
+    pub h: i32,
+    pub d: i32,
+    pub p: i32,
+    pub t: i32,
+    pub rows_per_cta: i32,
+    pub query_start: i32,
+    pub compress_ratio: i32,
+    pub topk_is_i64: i32,
+    pub deterministic: i32,
+    pub scale: f32,
+}
+
+/// `IndexerBwdReduceParams` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerBwdReduceParams {
+    /// `[B, n_chunks, P*D]` f32.
+    pub partial: u64,
+    /// `[B, P*D]` f32 out.
+    pub dkv: u64,
+    /// P*D
+    pub n: i64,
+    pub b: i32,
+    pub n_chunks: i32,
+}
+
+/// `IndexerPackParams` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerPackParams {
+    /// `[n0,n1,n2,n3]` bf16, any strides.
+    pub src: u64,
+    /// `[n0,n1,n2,n3_pad]` bf16 out, contiguous.
+    pub dst: u64,
+    pub s0: i64,
+    pub s1: i64,
+    pub s2: i64,
+    pub s3: i64,
+    pub n0: i64,
+    pub n1: i64,
+    pub n2: i64,
+    pub n3: i64,
+    pub n3_pad: i64,
+}
+
+const _: () = assert!(size_of::<IndexerScoresParams>() == 208);
+const _: () = assert!(size_of::<IndexerTopkParams>() == 88);
+const _: () = assert!(size_of::<IndexerBwdParams>() == 256);
+const _: () = assert!(size_of::<IndexerBwdReduceParams>() == 32);
+const _: () = assert!(size_of::<IndexerPackParams>() == 88);
+
+/// `(params struct name, size in bytes)` of every params struct of this family.
+pub const PARAMS_SIZES: &[(&str, usize)] = &[
+    ("IndexerScoresParams", size_of::<IndexerScoresParams>()),
+    ("IndexerTopkParams", size_of::<IndexerTopkParams>()),
+    ("IndexerBwdParams", size_of::<IndexerBwdParams>()),
+    ("IndexerBwdReduceParams", size_of::<IndexerBwdReduceParams>()),
+    ("IndexerPackParams", size_of::<IndexerPackParams>()),
+];
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+
+fn unavailable(op: &'static str, reason: String) -> Error {
+    Error::Unavailable { backend: "cuda".into(), op, reason }
+}
+
+/// A size or position as the kernels' i32.
+fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| unavailable(op, format!("{what} = {v} exceeds the kernels' 32-bit limit")))
+}
+
+fn strides_i64(v: &TensorView) -> Vec<i64> {
+    // A dimension of size 1 is never stepped over: its stride does not matter.
+    v.shape().iter().zip(v.strides()).map(|(&n, &s)| if n <= 1 { 0 } else { s as i64 }).collect()
+}
+
+fn check_bf16(op: &'static str, a: &IndexerArgs) -> Result<()> {
+    for (name, t) in [("q", &a.q), ("pooled_kv", &a.pooled_kv)] {
+        if t.dtype() != DType::BF16 {
+            return Err(unavailable(op, format!("the CUDA indexer takes bf16 `q` and `pooled_kv`; `{name}` is {} (the reference backend takes f32)", t.dtype())));
+        }
+    }
+    Ok(())
+}
+
+fn check_contiguous(op: &'static str, arg: &'static str, v: &TensorViewMut) -> Result<()> {
+    if !v.is_contiguous() {
+        return Err(Error::Layout { op, arg, reason: format!("the CUDA indexer writes contiguous outputs; got strides {:?} for shape {:?}", v.strides(), v.shape()) });
+    }
+    Ok(())
+}
+
+/// Scalars shared by every indexer launch, as i32, checked once.
+struct Shape {
+    b: i32,
+    s: i32,
+    h: i32,
+    d: i32,
+    p: i32,
+    query_start: i32,
+    compress_ratio: i32,
+}
+
+fn shape_of(op: &'static str, a: &IndexerArgs) -> Result<Shape> {
+    let (dm, _) = a.validate()?;
+    to_i32(op, "query_start + S", a.query_start + dm.s)?;
+    if dm.b > 65535 {
+        return Err(unavailable(op, format!("B = {} exceeds the grid's y limit of 65535", dm.b)));
+    }
+    Ok(Shape {
+        b: to_i32(op, "B", dm.b)?,
+        s: to_i32(op, "S", dm.s)?,
+        h: to_i32(op, "H", dm.h)?,
+        d: to_i32(op, "D", dm.d)?,
+        p: to_i32(op, "P", dm.p)?,
+        query_start: to_i32(op, "query_start", a.query_start)?,
+        compress_ratio: to_i32(op, "compress_ratio", a.compress_ratio)?,
+    })
+}
+
+fn grid_dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).ok().filter(|&x| x <= i32::MAX as u32).ok_or_else(|| unavailable(op, format!("{what} = {v} blocks exceed the grid limit")))
+}
+
+/// A bf16 operand of the tensor-core loaders: base address and strides (elements) of its
+/// leading dims, rows readable as whole 16-byte chunks. Holds the packed copy when one
+/// was needed.
+struct TcOperand {
+    ptr: u64,
+    strides: Vec<i64>,
+    _packed: Option<Scratch>,
+}
+
+/// `v` (bf16, any rank >= 2, last dim = head dim) as a tensor-core operand: used in place
+/// when its last dim is contiguous, a multiple of 8 elements, and every row starts
+/// 16-byte aligned; otherwise packed into a contiguous copy with the last dim padded
+/// with zeros to a multiple of 8.
+fn tc_operand(gpu: &Gpu, op: &'static str, v: &TensorView) -> Result<TcOperand> {
+    let st = strides_i64(v);
+    let rank = v.shape().len();
+    let d = v.shape()[rank - 1];
+    let in_place = (st[rank - 1] == 1 || d <= 1) && d % 8 == 0 && (v.address() & 15) == 0 && st[..rank - 1].iter().all(|s| s % 8 == 0);
+    if in_place {
+        return Ok(TcOperand { ptr: v.address(), strides: st[..rank - 1].to_vec(), _packed: None });
+    }
+    if rank > 4 {
+        return Err(unavailable(op, format!("cannot pack a rank-{rank} operand")));
+    }
+    let d_pad = d.div_ceil(8) * 8;
+    // Left-pad shape and strides to rank 4.
+    let mut n = [1i64; 4];
+    let mut s = [0i64; 4];
+    for i in 0..rank {
+        n[4 - rank + i] = v.shape()[i] as i64;
+        s[4 - rank + i] = st[i];
+    }
+    let rows: usize = v.shape()[..rank - 1].iter().product();
+    let scratch = gpu.scratch(rows * d_pad * 2)?;
+    let prm = IndexerPackParams { src: v.address(), dst: scratch.ptr(), s0: s[0], s1: s[1], s2: s[2], s3: s[3], n0: n[0], n1: n[1], n2: n[2], n3: n[3], n3_pad: d_pad as i64 };
+    let total = rows * d_pad;
+    if total > 0 {
+        let k = gpu.kernel("indexer/pack.cu", "indexer_pack_bf16", &[])?;
+        let blocks = total.div_ceil(256).min(gpu.props().sm_count as usize * 16).max(1) as u32;
+        // SAFETY: src addresses exactly the elements of `v` (its shape and strides, a live
+        // device view); dst is a fresh scratch of rows*d_pad bf16; the params type is the
+        // entry's.
+        unsafe { k.launch([blocks, 1, 1], [256, 1, 1], 0, &prm)? };
+    }
+    // Contiguous [.., d_pad] strides of the leading dims.
+    let mut strides = vec![0i64; rank - 1];
+    let mut acc = d_pad as i64;
+    for i in (0..rank - 1).rev() {
+        strides[i] = if v.shape()[i] <= 1 { 0 } else { acc };
+        acc *= v.shape()[i] as i64;
+    }
+    Ok(TcOperand { ptr: scratch.ptr(), strides, _packed: Some(scratch) })
+}
+
+// ---------------------------------------------------------------------------------------
+// Tile choice of the scores kernel (the one place; see scores.cu)
+
+/// Compile-time tile of `scores.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ScoresTiles {
+    h: usize,
+    d: usize,
+    /// Queries per CTA (their q rows stay in shared memory while keys stream).
+    bq: usize,
+    /// Keys (or selection slots) per tile.
+    bn: usize,
+    /// 8-key n-tiles per warp.
+    nt: usize,
+    gather: bool,
+    /// Fused scores + top-k: (P, sort_cap) size the rows and sort buffer in shared memory.
+    fused: Option<(usize, usize)>,
+}
+
+/// 8-key n-tiles per warp for head dim `d`: the largest of 4, 2, 1 whose B fragments
+/// (2 registers per n-tile and 16-wide k-step) fit in 64 registers; a power of two so that
+/// a tile splits into whole warp slabs of NT*8 keys.
+fn warp_n_tiles(d: usize) -> usize {
+    match 32 / d.div_ceil(16) {
+        0 | 1 => 1,
+        2 | 3 => 2,
+        _ => 4,
+    }
+}
+
+impl ScoresTiles {
+    /// - nt: a warp keeps the B fragments of its NT*8 keys for all D/16 k-steps in
+    ///   registers (reused across the H/16 m-tiles), 2*NT*D/16 registers: NT = 4 at
+    ///   D = 128 (64 registers), fewer for larger D.
+    /// - bn: 64 keys per tile for dense scores (with bq = 2 queries: 4 warps, two of them
+    ///   per query, ~70 KB of shared memory at H = 64, D = 128: three CTAs per SM);
+    ///   128 slots in gather mode, where a CTA has one query and needs 4 warps from keys.
+    /// - bq: 2 queries per CTA amortise the key tile over two queries while keeping the
+    ///   causal waste of a query block small; both shrink until shared memory fits.
+    fn choose(gpu: &Gpu, op: &'static str, h: usize, d: usize, gather: bool) -> Result<ScoresTiles> {
+        if d > 512 {
+            return Err(unavailable(op, format!("head_dim D = {d}: the tensor-core indexer kernels take D <= 512")));
+        }
+        if h > 1024 {
+            return Err(unavailable(op, format!("H = {h} heads: the tensor-core indexer kernels take H <= 1024")));
+        }
+        let nt = warp_n_tiles(d);
+        let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 2 }, bn: if gather { 128 } else { 64 }, nt, gather, fused: None };
+        let limit = gpu.props().max_shared_per_block_optin as usize;
+        while t.smem_bytes() > limit && t.bq > 1 {
+            t.bq -= 1;
+        }
+        while t.smem_bytes() > limit && t.bn > t.nt * 8 {
+            t.bn /= 2;
+        }
+        if t.smem_bytes() > limit {
+            return Err(unavailable(op, format!("H = {h}, D = {d} need {} bytes of shared memory per CTA; the device allows {limit}", t.smem_bytes())));
+        }
+        Ok(t)
+    }
+
+    /// Mirrors SMEM_BYTES of scores.cu, plus the fused mode's selection scratch
+    /// (SelectSmem, the sort buffer, BQ rows of P scores).
+    fn smem_bytes(&self) -> usize {
+        let hpad = self.h.div_ceil(16) * 16;
+        let lds = self.d.div_ceil(16) * 16 + 8;
+        let base = (self.bq * hpad * lds + 2 * self.bn * lds) * 2 + self.bq * hpad * 4 + 2 * self.bn * 4;
+        base + self.fused.map_or(0, |(p, sort_cap)| SELECT_SMEM_BYTES + sort_cap * 8 + self.bq * p * 4)
+    }
+
+    fn threads(&self) -> u32 {
+        (self.bq * (self.bn / (self.nt * 8)) * 32) as u32
+    }
+
+    fn defines(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDX_H", self.h.to_string()),
+            ("IDX_D", self.d.to_string()),
+            ("IDX_BQ", self.bq.to_string()),
+            ("IDX_BN", self.bn.to_string()),
+            ("IDX_NT", self.nt.to_string()),
+            ("IDX_GATHER", (self.gather as u8).to_string()),
+            ("IDX_FUSED", (self.fused.is_some() as u8).to_string()),
+        ]
+    }
+}
+
+/// Operands of a scores launch prepared once per call.
+struct ScoresInputs {
+    q: TcOperand,
+    kv: TcOperand,
+    w: Vec<i64>,
+    tiles: ScoresTiles,
+}
+
+fn scores_inputs(gpu: &Gpu, op: &'static str, a: &IndexerArgs, gather: bool) -> Result<ScoresInputs> {
+    let tiles = ScoresTiles::choose(gpu, op, a.q.shape()[2], a.q.shape()[3], gather)?;
+    Ok(ScoresInputs { q: tc_operand(gpu, op, &a.q)?, kv: tc_operand(gpu, op, &a.pooled_kv)?, w: strides_i64(&a.weights), tiles })
+}
+
+/// Where a launch of `scores.cu` writes: dense or gather scores rows at `out`, or (fused)
+/// values at `out` and indices at `idx`, rows of `k` slots.
+struct ScoresOut {
+    out: u64,
+    idx: u64,
+    k: usize,
+    /// Strides of b and of the local query.
+    strides: (i64, i64),
+}
+
+/// One launch of `scores.cu` over queries `[s_begin, s_begin + s_count)`.
+fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, topk: Option<&TensorView>, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<()> {
+    let tiles = &inp.tiles;
+    let sort_cap = tiles.fused.map_or(0, |(_, cap)| cap);
+    let (t_ptr, t_st, t_len, t_i64) = match topk {
+        Some(t) => {
+            let st = strides_i64(t);
+            (t.address(), st, t.shape()[2], t.dtype() == DType::I64)
+        }
+        None => (0, vec![0; 3], 0, false),
+    };
+    let prm = IndexerScoresParams {
+        q: inp.q.ptr,
+        kv: inp.kv.ptr,
+        w: a.weights.address(),
+        topk: t_ptr,
+        out: dst.out,
+        idx: dst.idx,
+        q_sb: inp.q.strides[0],
+        q_ss: inp.q.strides[1],
+        q_sh: inp.q.strides[2],
+        kv_sb: inp.kv.strides[0],
+        kv_sp: inp.kv.strides[1],
+        w_sb: inp.w[0],
+        w_ss: inp.w[1],
+        w_sh: inp.w[2],
+        t_sb: t_st[0],
+        t_ss: t_st[1],
+        t_st: t_st[2],
+        out_sb: dst.strides.0,
+        out_ss: dst.strides.1,
+        b: sh.b,
+        s: sh.s,
+        h: sh.h,
+        d: sh.d,
+        p: sh.p,
+        t: to_i32(op, "T", t_len)?,
+        s_begin: to_i32(op, "s_begin", s_begin)?,
+        s_count: to_i32(op, "s_count", s_count)?,
+        query_start: sh.query_start,
+        compress_ratio: sh.compress_ratio,
+        topk_is_i64: t_i64 as i32,
+        k: to_i32(op, "k", dst.k)?,
+        sort_cap: to_i32(op, "sort capacity", sort_cap)?,
+        scale: a.softmax_scale,
+    };
+    let k = gpu.kernel("indexer/scores.cu", "indexer_scores", &tiles.defines())?;
+    let grid = [grid_dim(op, "query blocks", s_count.div_ceil(tiles.bq))?, grid_dim(op, "batch", sh.b as usize)?, 1];
+    // SAFETY: q/kv rows are 16-byte readable to round_up(D, 8) (tc_operand), weights and
+    // topk are live device views whose strides are passed, `out` holds B x s_count rows of
+    // P (dense), T (gather) or k (fused, and `idx` likewise) at the given strides (checked
+    // by the callers); the dynamic shared memory is the layout of scores.cu for these
+    // defines (`smem_bytes`, with the fused rows of P and sort buffer of sort_cap); the
+    // params type is the entry's.
+    unsafe { k.launch(grid, [tiles.threads(), 1, 1], tiles.smem_bytes() as u32, &prm) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Top-k launch configuration
+
+const TOPK_THREADS: u32 = 512;
+
+/// Mirrors the shared-memory layout of topk.cu: SelectSmem, the u64 sort buffer, the
+/// optional u32 row cache.
+fn topk_smem_bytes(sort_cap: usize, cache: usize) -> usize {
+    SELECT_SMEM_BYTES + sort_cap * 8 + cache * 4
+}
+
+/// `(sort_cap, cache_row, shared bytes)` for rows of `p` scores and `k` slots. The row is
+/// cached while the whole CTA stays under 96 KiB (two CTAs per SM on Hopper and A100);
+/// longer rows stream from global memory at every pass.
+fn topk_config(gpu: &Gpu, op: &'static str, p: usize, k: usize) -> Result<(usize, bool, usize)> {
+    let sort_cap = k.next_power_of_two();
+    let limit = gpu.props().max_shared_per_block_optin as usize;
+    if topk_smem_bytes(sort_cap, 0) > limit {
+        return Err(unavailable(op, format!("k = {k} needs a {sort_cap}-entry sort buffer ({} bytes of shared memory); the device allows {limit}", topk_smem_bytes(sort_cap, 0))));
+    }
+    let cache = topk_smem_bytes(sort_cap, p) <= (96 << 10).min(limit);
+    Ok((sort_cap, cache, topk_smem_bytes(sort_cap, if cache { p } else { 0 })))
+}
+
+/// One launch of `topk.cu` over rows `[B, s_count]` of scores at `scores` with strides
+/// `sc`, writing rows of `k` slots at `idx`/`vals` with strides `out`.
+fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize, s_count: usize, p: usize, k: usize, idx: u64, vals: u64, out: (i64, i64)) -> Result<()> {
+    let (sort_cap, cache, smem) = topk_config(gpu, op, p, k)?;
+    let prm = IndexerTopkParams {
+        scores,
+        idx,
+        vals,
+        sc_sb: sc[0],
+        sc_ss: sc[1],
+        sc_sp: sc[2],
+        out_sb: out.0,
+        out_ss: out.1,
+        b: to_i32(op, "B", b)?,
+        s: to_i32(op, "S", s_count)?,
+        p: to_i32(op, "P", p)?,
+        k: to_i32(op, "k", k)?,
+        sort_cap: to_i32(op, "sort capacity", sort_cap)?,
+        cache_row: cache as i32,
+    };
+    let kern = gpu.kernel("indexer/topk.cu", "indexer_topk", &[("TOPK_THREADS", TOPK_THREADS.to_string())])?;
+    let grid = [grid_dim(op, "rows", s_count)?, grid_dim(op, "batch", b)?, 1];
+    // SAFETY: `scores` addresses B x s_count rows of p f32 at strides `sc` (a live device
+    // view or the fused scratch), idx/vals hold B x s_count rows of k slots at strides
+    // `out` with the last dim contiguous (validated outputs); shared memory is the layout
+    // of topk.cu for (sort_cap, cache); the params type is the entry's.
+    unsafe { kern.launch(grid, [TOPK_THREADS, 1, 1], smem as u32, &prm) }
+}
+
+// ---------------------------------------------------------------------------------------
+// The operations
+
+/// Scores `[B,S,P]` f32 with the causal -inf (SPEC.md section 2).
+pub fn scores(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "indexer_scores";
+    check_bf16(OP, a)?;
+    check_contiguous(OP, "out", out)?;
+    let sh = shape_of(OP, a)?;
+    let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
+    if b * s * p == 0 {
+        return Ok(());
+    }
+    let inp = scores_inputs(gpu, OP, a, false)?;
+    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * p) as i64, p as i64) };
+    launch_scores(gpu, OP, a, &sh, &inp, None, &dst, 0, s)
+}
+
+/// Top-k of `[B,S,P]` f32 scores: indices `[B,S,min(k,P)]` i32 and their values.
+pub fn topk(gpu: &Gpu, scores: &TensorView, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "indexer_topk";
+    check_contiguous(OP, "indices", idx)?;
+    check_contiguous(OP, "values", vals)?;
+    let (b, s, p) = (scores.shape()[0], scores.shape()[1], scores.shape()[2]);
+    let kk = k.min(p);
+    if b * s * kk == 0 {
+        return Ok(());
+    }
+    let st = strides_i64(scores);
+    launch_topk(gpu, OP, scores.address(), [st[0], st[1], st[2]], b, s, p, kk, idx.as_view().address(), vals.as_view().address(), ((s * kk) as i64, kk as i64))
+}
+
+/// Scores + top-k without materialising `[B,S,P]`. Fused when a CTA's rows of scores and
+/// its sort buffer fit in [`FUSED_SMEM_BYTES`] of shared memory: one launch, the scores
+/// never leave the chip. Otherwise [`chunked_topk`] with a scratch of at most
+/// [`FUSED_SCRATCH_BYTES`].
+pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "lightning_indexer";
+    check_bf16(OP, a)?;
+    check_contiguous(OP, "indices", idx)?;
+    check_contiguous(OP, "values", vals)?;
+    let sh = shape_of(OP, a)?;
+    let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
+    let kk = k.min(p);
+    if b * s * kk == 0 {
+        return Ok(());
+    }
+    let mut inp = scores_inputs(gpu, OP, a, false)?;
+    let fused = ScoresTiles { fused: Some((p, kk.next_power_of_two())), ..inp.tiles };
+    if fused.smem_bytes() > FUSED_SMEM_BYTES.min(gpu.props().max_shared_per_block_optin as usize) {
+        drop(inp);
+        return chunked_topk(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES);
+    }
+    inp.tiles = fused;
+    let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
+    launch_scores(gpu, OP, a, &sh, &inp, None, &dst, 0, s)
+}
+
+/// Scores + top-k through a bounded scratch: blocks of queries are scored into at most
+/// `scratch_bytes` (at least one query row of `[B, P]` f32) and selected by `topk.cu`
+/// from there, block after block (stream order, no host synchronisation). The path of
+/// `fused_topk` for rows too long for shared memory; public for tests and benchmarks.
+pub fn chunked_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize) -> Result<()> {
+    const OP: &str = "lightning_indexer";
+    check_bf16(OP, a)?;
+    check_contiguous(OP, "indices", idx)?;
+    check_contiguous(OP, "values", vals)?;
+    let sh = shape_of(OP, a)?;
+    let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
+    let kk = k.min(p);
+    if b * s * kk == 0 {
+        return Ok(());
+    }
+    topk_config(gpu, OP, p, kk)?; // refuse before writing anything
+    let inp = scores_inputs(gpu, OP, a, false)?;
+    let (idx_base, val_base) = (idx.as_view().address(), vals.as_view().address());
+    let rows = (scratch_bytes / (b * p * 4)).clamp(1, s);
+    let scratch = gpu.scratch(b * rows * p * 4)?;
+    let mut s_begin = 0;
+    while s_begin < s {
+        let n = rows.min(s - s_begin);
+        let dst = ScoresOut { out: scratch.ptr(), idx: 0, k: 0, strides: ((rows * p) as i64, p as i64) };
+        launch_scores(gpu, OP, a, &sh, &inp, None, &dst, s_begin, n)?;
+        let off = (s_begin * kk * 4) as u64;
+        launch_topk(gpu, OP, scratch.ptr(), [(rows * p) as i64, p as i64, 1], b, n, p, kk, idx_base + off, val_base + off, ((s * kk) as i64, kk as i64))?;
+        s_begin += n;
+    }
+    Ok(())
+}
+
+/// Scores of a selection `[B,S,T]` f32 (-inf where masked or not visible).
+pub fn topk_scores(gpu: &Gpu, a: &IndexerArgs, topk: &TensorView, out: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "indexer_topk_scores";
+    check_bf16(OP, a)?;
+    check_contiguous(OP, "out", out)?;
+    let sh = shape_of(OP, a)?;
+    let (b, s, t) = (sh.b as usize, sh.s as usize, topk.shape()[2]);
+    if b * s * t == 0 {
+        return Ok(());
+    }
+    let inp = scores_inputs(gpu, OP, a, true)?;
+    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * t) as i64, t as i64) };
+    launch_scores(gpu, OP, a, &sh, &inp, Some(topk), &dst, 0, s)
+}
+
+const BWD_THREADS: usize = 256;
+const BWD_NS: usize = 8;
+
+/// Mirrors the shared-memory layout of bwd.cu.
+fn bwd_smem_bytes(h: usize, d: usize) -> usize {
+    let hg = (BWD_THREADS / d).clamp(1, h.max(1));
+    (2 * h * d + BWD_NS * d + 2 * BWD_NS * h + hg * BWD_NS * d + 2 * h + BWD_NS) * 4 + BWD_NS * 4
+}
+
+/// Backward of `topk_scores`: dq `[B,S,H,D]` bf16, dweights `[B,S,H]` f32, dpooled_kv
+/// `[B,P,D]` f32 (atomics, or a fixed-order reduction when `a.deterministic`).
+pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "indexer_topk_scores_backward";
+    let f = &a.fwd;
+    check_bf16(OP, f)?;
+    check_contiguous(OP, "dq", dq)?;
+    check_contiguous(OP, "dweights", dw)?;
+    check_contiguous(OP, "dpooled_kv", dkv)?;
+    let sh = shape_of(OP, f)?;
+    let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
+    let t = a.topk_indices.shape()[2];
+    let smem = bwd_smem_bytes(h, d);
+    let limit = gpu.props().max_shared_per_block_optin as usize;
+    if smem > limit {
+        return Err(unavailable(OP, format!("H = {h}, D = {d} need {smem} bytes of shared memory per CTA; the device allows {limit}")));
+    }
+    let dkv_ptr = dkv.as_view().address();
+    let dkv_bytes = b * p * d * 4;
+    if b * s == 0 {
+        return gpu.zero(dkv_ptr, dkv_bytes); // no query: dpooled_kv = 0 (dq, dw are empty)
+    }
+    // Deterministic: chunks of consecutive queries, each CTA with its own partial slice;
+    // about two CTAs per SM, within BWD_WORKSPACE_BYTES.
+    let (n_chunks, rows_per_cta, workspace) = if a.deterministic && p * d > 0 {
+        let want = (2 * gpu.props().sm_count as usize).div_ceil(b).max(1);
+        let fit = (BWD_WORKSPACE_BYTES / (b * p * d * 4)).max(1);
+        let rows = s.div_ceil(want.min(fit).min(s));
+        let n = s.div_ceil(rows);
+        let ws = gpu.scratch(b * n * p * d * 4)?;
+        gpu.zero(ws.ptr(), b * n * p * d * 4)?;
+        (n, rows, Some(ws))
+    } else {
+        gpu.zero(dkv_ptr, dkv_bytes)?;
+        (s, 1, None)
+    };
+    let (q, kv, w, tk, g) = (strides_i64(&f.q), strides_i64(&f.pooled_kv), strides_i64(&f.weights), strides_i64(&a.topk_indices), strides_i64(&a.grad));
+    let prm = IndexerBwdParams {
+        q: f.q.address(),
+        kv: f.pooled_kv.address(),
+        w: f.weights.address(),
+        topk: a.topk_indices.address(),
+        grad: a.grad.address(),
+        dq: dq.as_view().address(),
+        dw: dw.as_view().address(),
+        dkv: workspace.as_ref().map(|w| w.ptr()).unwrap_or(dkv_ptr),
+        q_sb: q[0],
+        q_ss: q[1],
+        q_sh: q[2],
+        q_sd: q[3],
+        kv_sb: kv[0],
+        kv_sp: kv[1],
+        kv_sd: kv[2],
+        w_sb: w[0],
+        w_ss: w[1],
+        w_sh: w[2],
+        t_sb: tk[0],
+        t_ss: tk[1],
+        t_st: tk[2],
+        g_sb: g[0],
+        g_ss: g[1],
+        g_st: g[2],
+        dkv_sb: if workspace.is_some() { (n_chunks * p * d) as i64 } else { (p * d) as i64 },
+        dkv_sc: if workspace.is_some() { (p * d) as i64 } else { 0 },
+        b: sh.b,
+        s: sh.s,
+        h: sh.h,
+        d: sh.d,
+        p: sh.p,
+        t: to_i32(OP, "T", t)?,
+        rows_per_cta: to_i32(OP, "rows per CTA", rows_per_cta)?,
+        query_start: sh.query_start,
+        compress_ratio: sh.compress_ratio,
+        topk_is_i64: (a.topk_indices.dtype() == DType::I64) as i32,
+        deterministic: workspace.is_some() as i32,
+        scale: f.softmax_scale,
+    };
+    let k = gpu.kernel("indexer/bwd.cu", "indexer_bwd", &[])?;
+    // SAFETY: q, pooled_kv, weights, topk, grad are live device views read at their own
+    // strides; dq/dw are contiguous outputs of [B,S,H,D] / [B,S,H]; dkv is the zeroed
+    // [B,P,D] output (atomic) or the zeroed [B, n_chunks, P, D] workspace whose chunk
+    // count matches the grid; shared memory is bwd_smem_bytes(H, D); the params type is
+    // the entry's.
+    unsafe { k.launch([grid_dim(OP, "query chunks", n_chunks)?, grid_dim(OP, "batch", b)?, 1], [BWD_THREADS as u32, 1, 1], smem as u32, &prm)? };
+    if let Some(ws) = &workspace {
+        let rp = IndexerBwdReduceParams { partial: ws.ptr(), dkv: dkv_ptr, n: (p * d) as i64, b: sh.b, n_chunks: to_i32(OP, "chunks", n_chunks)? };
+        let kr = gpu.kernel("indexer/bwd.cu", "indexer_bwd_reduce", &[])?;
+        let blocks = (b * p * d).div_ceil(256).min(gpu.props().sm_count as usize * 8).max(1) as u32;
+        // SAFETY: `partial` is the [B, n_chunks, P*D] workspace written above (stream
+        // order), `dkv` the contiguous [B,P,D] output; the params type is the entry's.
+        unsafe { kr.launch([blocks, 1, 1], [256, 1, 1], 0, &rp)? };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_smem_mirrors_the_kernel_formula() {
+        // H = 64, D = 128, BQ = 2, BN = 64: (2*64*136 + 2*64*136)*2 + 2*64*4 + 2*64*4.
+        let t = ScoresTiles { h: 64, d: 128, bq: 2, bn: 64, nt: 4, gather: false, fused: None };
+        let base = (2 * 64 * 136 + 2 * 64 * 136) * 2 + 2 * 64 * 4 + 2 * 64 * 4;
+        assert_eq!(t.smem_bytes(), base);
+        assert_eq!(t.threads(), 128);
+        // DSV4 at 4K tokens: P = 1024, top-512, fused in ~85 KB.
+        let f = ScoresTiles { fused: Some((1024, 512)), ..t };
+        assert_eq!(f.smem_bytes(), base + 2304 + 512 * 8 + 2 * 1024 * 4);
+        assert!(f.smem_bytes() <= FUSED_SMEM_BYTES);
+    }
+
+    #[test]
+    fn warp_slabs_divide_the_tiles() {
+        for d in 1..=512 {
+            let nt = warp_n_tiles(d);
+            assert!(64 % (nt * 8) == 0 && 2 * d.div_ceil(16) * nt <= 64, "D = {d}: NT = {nt}");
+        }
+    }
+
+    #[test]
+    fn params_sizes_are_listed() {
+        assert_eq!(PARAMS_SIZES.len(), 5);
+        assert!(PARAMS_SIZES.iter().all(|(_, n)| n % 8 == 0));
+    }
+}

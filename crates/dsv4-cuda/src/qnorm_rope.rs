@@ -1,0 +1,201 @@
+//! Q RMSNorm + partial interleaved RoPE on the GPU (SPEC.md section 5): launchers for
+//! `kernels/qnorm_rope/{fwd,bwd}.cu`.
+//!
+//! One warp per `(b, s, h)` row, staged in shared memory; 16-byte vector accesses where
+//! the channel stride is 1 and every row starts 16-byte aligned (decided here, passed as
+//! compile-time defines).
+
+use dsv4_core::ops::qnorm_rope::{token_major_strides, QNormRopeArgs};
+use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
+
+use crate::runtime::Gpu;
+
+const OP: &str = "qnorm_rope";
+
+/// Mirrors `QNormRopeParams` (kernels/qnorm_rope/qnorm_rope.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QNormRopeParams {
+    /// Logical `[B,H,S,C]`, x's dtype, strides `x_stride`.
+    pub x: u64,
+    /// `[B,S,R]` f32, strides `cos_stride`.
+    pub cos: u64,
+    /// `[B,S,R]` f32, strides `sin_stride`.
+    pub sin: u64,
+    /// Backward: logical `[B,H,S,C]`, strides `g_stride`; 0 forward.
+    pub grad: u64,
+    /// Backward: `[B*S*H]` f32 token-major; 0 forward.
+    pub rstd_in: u64,
+    /// `[B,S,H,C]` contiguous token-major, x's dtype.
+    pub out: u64,
+    /// Forward: `[B*S*H]` f32 token-major; 0 backward.
+    pub rstd_out: u64,
+    pub x_stride: [i64; 4],
+    pub g_stride: [i64; 4],
+    pub cos_stride: [i64; 3],
+    pub sin_stride: [i64; 3],
+    pub b: i64,
+    pub h: i64,
+    pub s: i64,
+    pub c: i64,
+    pub r: i64,
+    pub eps: f32,
+    pub pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<QNormRopeParams>() == 216);
+
+pub const PARAMS_SIZES: &[(&str, usize)] = &[("QNormRopeParams", 216)];
+
+fn strides<const N: usize>(v: &TensorView) -> [i64; N] {
+    std::array::from_fn(|i| v.strides()[i] as i64)
+}
+
+/// Elements per access for a logical `[B,H,S,C]` view: 16 bytes' worth when the channel
+/// stride is 1, C is a multiple of it, and every row start is 16-byte aligned.
+fn vector_width(v: &TensorView) -> usize {
+    let esz = v.dtype().size();
+    let vec = 16 / esz;
+    let st = v.strides();
+    let aligned = v.address().is_multiple_of(16) && st[..3].iter().zip(v.shape()).all(|(&s, &n)| n <= 1 || (s as i64 * esz as i64) % 16 == 0);
+    if st[3] == 1 && v.shape()[3].is_multiple_of(vec) && aligned {
+        vec
+    } else {
+        1
+    }
+}
+
+/// Output vector width: the output is contiguous token-major, so only its base and C matter.
+fn out_vector_width(out: &TensorViewMut) -> usize {
+    let vec = 16 / out.dtype().size();
+    if out.address().is_multiple_of(16) && out.shape()[3].is_multiple_of(vec) {
+        vec
+    } else {
+        1
+    }
+}
+
+fn check_token_major(arg: &'static str, t: &TensorViewMut) -> Result<()> {
+    let sh = t.shape();
+    let want = token_major_strides([sh[0], sh[1], sh[2], sh[3]]);
+    let ok = sh.iter().zip(t.strides().iter().zip(&want)).all(|(&n, (&s, &w))| n <= 1 || s == w);
+    if !ok {
+        return Err(Error::Layout { op: OP, arg, reason: format!("the CUDA kernels write token-major storage (strides {want:?}); got strides {:?}", t.strides()) });
+    }
+    Ok(())
+}
+
+/// Warps per block: up to 8, as many as fit `bufs` rows of C floats each in half an SM's
+/// shared memory; None when one warp's rows exceed the per-block limit.
+fn warps_per_block(gpu: &Gpu, c: usize, bufs: usize) -> Option<(usize, usize)> {
+    let per_warp = bufs * c * 4;
+    let props = gpu.props();
+    let budget = (props.max_shared_per_sm as usize / 2).min(props.max_shared_per_block_optin as usize);
+    let warps = (budget / per_warp.max(1)).min(8);
+    if warps >= 1 {
+        return Some((warps, warps * per_warp));
+    }
+    (per_warp <= props.max_shared_per_block_optin as usize).then_some((1, per_warp))
+}
+
+fn too_wide(op: &'static str, gpu: &Gpu, c: usize, bufs: usize) -> Error {
+    Error::Unavailable { backend: "cuda".into(), op, reason: format!("C = {c} channels need {} bytes of shared memory per row; the device allows {} per block", bufs * c * 4, gpu.props().max_shared_per_block_optin) }
+}
+
+fn is_bf16(t: DType) -> &'static str {
+    if t == DType::BF16 {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
+    rows.div_ceil(warps).min(gpu.props().sm_count as usize * 32).max(1) as u32
+}
+
+pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut TensorViewMut) -> Result<()> {
+    let (dm, _) = a.validate()?;
+    check_token_major("out", out)?;
+    if !rstd.is_contiguous() {
+        return Err(Error::Layout { op: OP, arg: "rstd", reason: "the CUDA kernels write a contiguous rstd".into() });
+    }
+    let rows = dm.b * dm.s * dm.h;
+    if rows == 0 {
+        return Ok(());
+    }
+    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 1) else { return Err(too_wide(OP, gpu, dm.c, 1)) };
+    let defines = [("QR_X_BF16", is_bf16(a.x.dtype()).to_string()), ("QR_X_VEC", vector_width(&a.x).to_string()), ("QR_O_VEC", out_vector_width(out).to_string())];
+    let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd", &defines)?;
+    let p = QNormRopeParams {
+        x: a.x.address(),
+        cos: a.cos.address(),
+        sin: a.sin.address(),
+        grad: 0,
+        rstd_in: 0,
+        out: out.address(),
+        rstd_out: rstd.address(),
+        x_stride: strides(&a.x),
+        g_stride: [0; 4],
+        cos_stride: strides(&a.cos),
+        sin_stride: strides(&a.sin),
+        b: dm.b as i64,
+        h: dm.h as i64,
+        s: dm.s as i64,
+        c: dm.c as i64,
+        r: dm.r as i64,
+        eps: a.eps,
+        pad: 0,
+    };
+    // SAFETY: x, cos and sin are validated views ([B,H,S,C] / [B,S,R]) whose strides reach
+    // only their own elements, and 16-byte accesses are enabled only where alignment and
+    // unit channel stride were checked (vector_width); out is token-major [B,S,H,C] of x's
+    // dtype and rstd contiguous [B*S*H] f32 (checked above); the shared memory holds C
+    // floats per warp as the kernel indexes.
+    unsafe { k.launch([grid_for(gpu, rows, warps), 1, 1], [32 * warps as u32, 1, 1], smem as u32, &p) }
+}
+
+pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorView, dx: &mut TensorViewMut) -> Result<()> {
+    let (dm, _) = a.validate()?;
+    check_token_major("dx", dx)?;
+    if !rstd.is_contiguous() {
+        return Err(Error::Layout { op: "qnorm_rope_backward", arg: "rstd", reason: "the CUDA kernels read a contiguous rstd".into() });
+    }
+    let rows = dm.b * dm.s * dm.h;
+    if rows == 0 {
+        return Ok(());
+    }
+    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 2) else { return Err(too_wide("qnorm_rope_backward", gpu, dm.c, 2)) };
+    let defines = [
+        ("QR_X_BF16", is_bf16(a.x.dtype()).to_string()),
+        ("QR_G_BF16", is_bf16(grad.dtype()).to_string()),
+        ("QR_X_VEC", vector_width(&a.x).to_string()),
+        ("QR_G_VEC", vector_width(grad).to_string()),
+        ("QR_O_VEC", out_vector_width(dx).to_string()),
+    ];
+    let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd", &defines)?;
+    let p = QNormRopeParams {
+        x: a.x.address(),
+        cos: a.cos.address(),
+        sin: a.sin.address(),
+        grad: grad.address(),
+        rstd_in: rstd.address(),
+        out: dx.address(),
+        rstd_out: 0,
+        x_stride: strides(&a.x),
+        g_stride: strides(grad),
+        cos_stride: strides(&a.cos),
+        sin_stride: strides(&a.sin),
+        b: dm.b as i64,
+        h: dm.h as i64,
+        s: dm.s as i64,
+        c: dm.c as i64,
+        r: dm.r as i64,
+        eps: a.eps,
+        pad: 0,
+    };
+    // SAFETY: as in `forward`; grad is a validated logical [B,H,S,C] view (vector access
+    // only where checked), rstd contiguous [B*S*H] f32, dx token-major of x's dtype; the
+    // shared memory holds 2*C floats per warp as the kernel indexes.
+    unsafe { k.launch([grid_for(gpu, rows, warps), 1, 1], [32 * warps as u32, 1, 1], smem as u32, &p) }
+}

@@ -1,0 +1,745 @@
+//! Sparse MQA attention with sinks on the GPU (SPEC.md section 1) and its index plans
+//! (section 6): launchers for `kernels/sparse_attention/`.
+//!
+//! - `fwd.cu`: one CTA per (query row, head block); gathered K/V tiles double-buffered by
+//!   cp.async; `S = Q K^T` and `O += P V` on mma.sync m16n8k16 bf16; online softmax whose
+//!   running max starts at the sink. With `SA_DEDUP=1` over a sorted plan it is the dense
+//!   oracle (repeated keys count once).
+//! - `bwd.cu`: one CTA per chunk (batch, head block, consecutive rows); delta fused in,
+//!   `dq` written once, `dkv` reduced in f32 by atomics (`atomic`) or into CTA-private
+//!   partials summed in chunk order (`deterministic`), `dsinks` from per-row partials.
+//! - `bwd_reduce.cu`: the fixed-order reductions; `plan.cu`: the plan layout built on the
+//!   GPU; `pack.cu`: contiguous copies of inputs the tensor-core loaders cannot read.
+//!
+//! The cuda backend is bf16-in (q, kv, out, dout): f32 inputs are the reference's.
+
+use std::mem::size_of;
+
+use dsv4_core::ops::sparse_attention::{BackwardImpl, Dims, SparseAttentionArgs, SparseAttentionBwdArgs, SparseIndices};
+use dsv4_core::ops::sparse_indices::SparseIndexPlan;
+use dsv4_core::{DType, Error, Result, Tensor, TensorView, TensorViewMut};
+
+use crate::runtime::Gpu;
+
+/// Whether these kernels can run (`is_kernel_available("sparse_attn")`).
+pub const READY: bool = true;
+
+const OP_FWD: &str = "sparse_attention";
+const OP_BWD: &str = "sparse_attention_backward";
+const OP_DENSE: &str = "dense_attention_topk";
+const OP_PLAN: &str = "plan_sparse_indices";
+
+// ---------------------------------------------------------------------------------------
+// Params structs: mirrors of kernels/sparse_attention/params.cuh (field comments there).
+
+/// Mirrors `SparseAttnFwdParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FwdParams {
+    pub q: u64,       // [B,S,H,D] bf16
+    pub kv: u64,      // [B,K,D] bf16
+    pub sinks: u64,   // [H] f32
+    pub idx: u64,     // [B,S,T] i32/i64, or a plan's [B*S,1,T] i32 global coordinates
+    pub row_len: u64, // [B*S] i32 or 0
+    pub out: u64,     // [B,S,H,D] bf16 out
+    pub lse: u64,     // [B,S,H] f32 out
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub kv_sb: i64,
+    pub kv_sk: i64,
+    pub idx_sb: i64,
+    pub idx_ss: i64,
+    pub idx_st: i64,
+    pub idx_bias: i64,
+    pub sinks_sh: i64,
+    pub b: i32,
+    pub s: i32,
+    pub h: i32,
+    pub k: i32,
+    pub t: i32,
+    pub idx_is_i64: i32,
+    pub smem_bytes: i32,
+    pub sm_scale: f32,
+}
+
+/// Mirrors `SparseAttnBwdParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdParams {
+    pub q: u64,           // [B,S,H,D] bf16
+    pub kv: u64,          // [B,K,D] bf16
+    pub sinks: u64,       // [H] f32
+    pub idx: u64,         // as FwdParams::idx
+    pub row_len: u64,     // [B*S] i32 or 0
+    pub out: u64,         // [B,S,H,D] bf16
+    pub dout: u64,        // [B,S,H,D] bf16
+    pub lse: u64,         // [B,S,H] f32
+    pub dq: u64,          // [B,S,H,D] bf16 out
+    pub dkv: u64,         // atomic: [B,K,D] f32; deterministic: [wave chunks, K, D] f32 partials
+    pub dsinks_part: u64, // [B*S, H] f32 out
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub kv_sb: i64,
+    pub kv_sk: i64,
+    pub idx_sb: i64,
+    pub idx_ss: i64,
+    pub idx_st: i64,
+    pub idx_bias: i64,
+    pub sinks_sh: i64,
+    pub o_sb: i64,
+    pub o_ss: i64,
+    pub o_sh: i64,
+    pub do_sb: i64,
+    pub do_ss: i64,
+    pub do_sh: i64,
+    pub lse_sb: i64,
+    pub lse_ss: i64,
+    pub lse_sh: i64,
+    pub b: i32,
+    pub s: i32,
+    pub h: i32,
+    pub k: i32,
+    pub t: i32,
+    pub idx_is_i64: i32,
+    pub smem_bytes: i32,
+    pub rows_per_chunk: i32,
+    pub chunks_per_bh: i32,
+    pub chunk_base: i32,
+    pub deterministic: i32,
+    pub all_rows_nonempty: i32,
+    pub sm_scale: f32,
+    pub pad_: i32,
+}
+
+/// Mirrors `SparseAttnDkvReduceParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DkvReduceParams {
+    pub partial: u64, // [n_chunks, K*D] f32
+    pub acc: u64,     // [B, K*D] f32 in/out
+    pub n: i64,       // K*D
+    pub b: i32,
+    pub chunk_base: i32,
+    pub n_chunks: i32,
+    pub chunks_per_batch: i32,
+}
+
+/// Mirrors `SparseAttnConvertParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConvertParams {
+    pub src: u64, // [n] f32
+    pub dst: u64, // [n] bf16 out
+    pub n: i64,
+}
+
+/// Mirrors `SparseAttnDsinksParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DsinksParams {
+    pub part: u64,   // [rows, H] f32
+    pub dsinks: u64, // [H] f32 out
+    pub rows: i64,
+    pub h: i32,
+    pub pad_: i32,
+}
+
+/// Mirrors `SparseAttnPlanParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlanParams {
+    pub idx: u64,     // [B,S,T] i32/i64
+    pub indices: u64, // [B*S,1,T] i32 out
+    pub lengths: u64, // [B*S] i32 out
+    pub idx_sb: i64,
+    pub idx_ss: i64,
+    pub idx_st: i64,
+    pub b: i32,
+    pub s: i32,
+    pub t: i32,
+    pub k: i32,
+    pub sort_cap: i32,
+    pub idx_is_i64: i32,
+}
+
+/// Mirrors `SparseAttnValidRowsParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ValidRowsParams {
+    pub lengths: u64,    // [rows] i32
+    pub valid_rows: u64, // [rows] i64 out
+    pub rows: i64,
+}
+
+/// Mirrors `SparseAttnPackParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PackParams {
+    pub src: u64,
+    pub dst: u64,
+    pub s: [i64; 4],
+    pub n: [i64; 4],
+}
+
+const _: () = assert!(size_of::<FwdParams>() == 168);
+const _: () = assert!(size_of::<BwdParams>() == 296);
+const _: () = assert!(size_of::<DkvReduceParams>() == 40);
+const _: () = assert!(size_of::<ConvertParams>() == 24);
+const _: () = assert!(size_of::<DsinksParams>() == 32);
+const _: () = assert!(size_of::<PlanParams>() == 72);
+const _: () = assert!(size_of::<ValidRowsParams>() == 24);
+const _: () = assert!(size_of::<PackParams>() == 80);
+
+/// `(params struct name, size in bytes)` of every params struct of this family.
+pub const PARAMS_SIZES: &[(&str, usize)] = &[
+    ("SparseAttnFwdParams", size_of::<FwdParams>()),
+    ("SparseAttnBwdParams", size_of::<BwdParams>()),
+    ("SparseAttnDkvReduceParams", size_of::<DkvReduceParams>()),
+    ("SparseAttnConvertParams", size_of::<ConvertParams>()),
+    ("SparseAttnDsinksParams", size_of::<DsinksParams>()),
+    ("SparseAttnPlanParams", size_of::<PlanParams>()),
+    ("SparseAttnValidRowsParams", size_of::<ValidRowsParams>()),
+    ("SparseAttnPackParams", size_of::<PackParams>()),
+];
+
+// ---------------------------------------------------------------------------------------
+// Tile sizes, chosen in one place.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Fwd,
+    Bwd,
+}
+
+/// Compile-time tile of `fwd.cu` / `bwd.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    /// Heads per CTA (the mma M, a multiple of 16; padded heads are masked rows).
+    pub hb: usize,
+    /// Slots per gathered K/V tile.
+    pub bn: usize,
+    /// O / dq columns per warp.
+    pub dw: usize,
+}
+
+impl Tiles {
+    pub fn threads(&self, d: usize) -> usize {
+        (self.hb / 16) * (d / self.dw) * 32
+    }
+    pub fn head_blocks(&self, h: usize) -> usize {
+        h.div_ceil(self.hb)
+    }
+}
+
+/// Shared memory of `fwd.cu` (mirrors `FwdLayout` in tile.cuh): Q, two K/V tiles, S (f32),
+/// P (bf16), row statistics, slot keys. Rows padded by 16 bytes (bank-conflict-free ldmatrix).
+pub fn fwd_smem_bytes(d: usize, hb: usize, bn: usize) -> usize {
+    let (qs, ss, ps) = (d + 8, bn + 4, bn + 8);
+    hb * qs * 2 + 2 * bn * qs * 2 + hb * ss * 4 + hb * ps * 2 + 3 * hb * 4 + 2 * bn * 4
+}
+
+/// Shared memory of `bwd.cu` (mirrors `BwdLayout` in tile.cuh): Q, dO, two K/V tiles, P and
+/// dS (bf16), lse and delta, slot keys, first-slot-of-key.
+pub fn bwd_smem_bytes(d: usize, hb: usize, bn: usize) -> usize {
+    let (qs, ps) = (d + 8, bn + 8);
+    2 * hb * qs * 2 + 2 * bn * qs * 2 + 2 * hb * ps * 2 + 2 * hb * 4 + 2 * bn * 4 + bn * 4
+}
+
+/// The tile for head dim `d`, `h` heads and `smem_max` bytes of opt-in shared memory:
+/// - `dw`: 128 columns per warp when `d` allows (O / dq: 64 f32 registers a thread), else 64.
+/// - `hb`: all heads in one CTA when `h <= 64`, so each K/V tile is gathered once per row
+///   and serves every head; more heads split evenly into blocks of at most 64 (the mma M
+///   is padded to 16). Threads are capped: forward 512, backward 256 — the backward keeps
+///   dq, Q/dO fragments and the dKV tile live, and at 512 threads ptxas has 128 registers
+///   and spills.
+/// - `bn`: 64 slots per tile when shared memory allows (half the barriers per key), else
+///   32 (D = 512: a key row is 1 KiB, and the backward holds Q, dO and two K/V tiles).
+pub fn choose_tiles(pass: Pass, d: usize, h: usize, smem_max: usize) -> Option<Tiles> {
+    if d == 0 || !d.is_multiple_of(64) || d > 512 || h == 0 {
+        return None;
+    }
+    let dw = if d.is_multiple_of(128) { 128 } else { 64 };
+    let wd = d / dw;
+    let max_threads = match pass {
+        Pass::Fwd => 512,
+        Pass::Bwd => 256,
+    };
+    for hb_cap in [64usize, 48, 32, 16] {
+        if (hb_cap / 16) * wd * 32 > max_threads {
+            continue;
+        }
+        let n_blocks = h.div_ceil(hb_cap);
+        let hb = h.div_ceil(n_blocks).next_multiple_of(16);
+        for bn in [64usize, 32] {
+            let smem = match pass {
+                Pass::Fwd => fwd_smem_bytes(d, hb, bn),
+                Pass::Bwd => bwd_smem_bytes(d, hb, bn),
+            };
+            if smem <= smem_max {
+                return Some(Tiles { hb, bn, dw });
+            }
+        }
+    }
+    None
+}
+
+fn defines(d: usize, t: &Tiles, natural_exp: bool, dedup: Option<bool>) -> Vec<(&'static str, String)> {
+    let mut v = vec![("SA_D", d.to_string()), ("SA_HB", t.hb.to_string()), ("SA_BN", t.bn.to_string()), ("SA_DW", t.dw.to_string()), ("SA_NATURAL_EXP", (natural_exp as i32).to_string())];
+    if let Some(dd) = dedup {
+        v.push(("SA_DEDUP", (dd as i32).to_string()));
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Input checks and preparation
+
+fn unavailable(op: &'static str, reason: impl Into<String>) -> Error {
+    Error::Unavailable { backend: "cuda".into(), op, reason: reason.into() }
+}
+
+/// What this backend takes, checked before anything is written.
+fn check_supported(op: &'static str, pass: Pass, gpu: &Gpu, dm: Dims, bf16_args: &[(&str, &TensorView)]) -> Result<Tiles> {
+    for (name, v) in bf16_args {
+        if v.dtype() != DType::BF16 {
+            return Err(unavailable(op, format!("`{name}` is {}: the cuda kernels take bf16 (f32 inputs are the reference backend's)", v.dtype())));
+        }
+    }
+    if !dm.d.is_multiple_of(64) || dm.d > 512 {
+        return Err(unavailable(op, format!("head_dim D = {}: the cuda kernels take D a multiple of 64, at most 512", dm.d)));
+    }
+    let lim = i32::MAX as usize;
+    if dm.b.saturating_mul(dm.s) > lim || dm.k > lim || dm.t > lim || dm.h > lim {
+        return Err(unavailable(op, format!("sizes B*S = {}, K = {}, T = {}, H = {} must each fit in int32", dm.b * dm.s, dm.k, dm.t, dm.h)));
+    }
+    let smem_max = gpu.props().max_shared_per_block_optin as usize;
+    choose_tiles(pass, dm.d, dm.h, smem_max).ok_or_else(|| unavailable(op, format!("D = {}, H = {}: even the smallest tile needs more than the device's {smem_max} bytes of shared memory per block", dm.d, dm.h)))
+}
+
+fn strides_i64(v: &TensorView) -> Vec<i64> {
+    v.strides().iter().map(|&s| s as i64).collect()
+}
+
+/// A bf16 input as the tensor-core loaders read it: d-stride 1, every other stride a
+/// multiple of 8 elements and a 16-byte aligned base; otherwise a packed contiguous copy
+/// (kept alive in `_copy`).
+struct RowsInput {
+    ptr: u64,
+    strides: Vec<i64>,
+    _copy: Option<Tensor>,
+}
+
+fn rows_input(gpu: &Gpu, v: &TensorView) -> Result<RowsInput> {
+    let st = strides_i64(v);
+    let nd = st.len();
+    let shape = v.shape();
+    let aligned = v.address().is_multiple_of(16) && (shape[nd - 1] <= 1 || st[nd - 1] == 1) && st[..nd - 1].iter().zip(shape).all(|(&s, &n)| n <= 1 || s % 8 == 0);
+    if aligned || v.numel() == 0 {
+        return Ok(RowsInput { ptr: v.address(), strides: st, _copy: None });
+    }
+    let copy = gpu.alloc(DType::BF16, shape)?;
+    let mut p = PackParams { src: v.address(), dst: copy.view().address(), s: [0; 4], n: [1; 4] };
+    let off = 4 - nd;
+    for i in 0..nd {
+        p.s[off + i] = st[i];
+        p.n[off + i] = shape[i] as i64;
+    }
+    let k = gpu.kernel("sparse_attention/pack.cu", "sparse_attn_pack", &[])?;
+    let blocks = grid_for(gpu, v.numel());
+    // SAFETY: `src` addresses every element its shape and strides reach (a validated view);
+    // `dst` is a fresh contiguous tensor of the same shape; PackParams mirrors the header.
+    unsafe { k.launch([blocks, 1, 1], [256, 1, 1], 0, &p)? };
+    let strides = dsv4_core::tensor::contiguous_strides(shape).iter().map(|&s| s as i64).collect();
+    Ok(RowsInput { ptr: copy.view().address(), strides, _copy: Some(copy) })
+}
+
+/// Blocks of 256 threads for a grid-stride loop over `n` elements.
+fn grid_for(gpu: &Gpu, n: usize) -> u32 {
+    let want = n.div_ceil(256).max(1);
+    want.min(gpu.props().sm_count as usize * 8).max(1) as u32
+}
+
+/// Where a row's slots come from, as the kernels read them.
+#[derive(Clone, Copy, Debug)]
+struct IndexSource {
+    ptr: u64,
+    sb: i64,
+    ss: i64,
+    st: i64,
+    bias: i64,
+    is_i64: i32,
+    row_len: u64,
+    t: usize,
+}
+
+fn index_source(op: &'static str, indices: &SparseIndices, dm: Dims) -> Result<IndexSource> {
+    match indices {
+        SparseIndices::TopK(v) => {
+            let st = strides_i64(v);
+            Ok(IndexSource { ptr: v.address(), sb: st[0], ss: st[1], st: st[2], bias: 0, is_i64: (v.dtype() == DType::I64) as i32, row_len: 0, t: dm.t })
+        }
+        SparseIndices::Plan(plan) => plan_source(op, plan, dm),
+    }
+}
+
+/// A cuda plan: `indices [B*S,1,W]` i32 contiguous global coordinates, valid first.
+fn plan_source(op: &'static str, plan: &SparseIndexPlan, dm: Dims) -> Result<IndexSource> {
+    if plan.backend != "cuda" {
+        return Err(Error::value(op, "plan", "a plan made for backend `cuda`", format!("a plan for backend `{}`", plan.backend)));
+    }
+    let v = plan.indices.view();
+    let w = *v.shape().last().unwrap_or(&0);
+    if v.dtype() != DType::I32 || v.shape() != [dm.b * dm.s, 1, w] || !v.is_contiguous() {
+        return Err(Error::value(op, "plan", format!("indices i32 [{}, 1, W] contiguous", dm.b * dm.s), format!("{} {:?}", v.dtype(), v.shape())));
+    }
+    let row_len = match &plan.topk_length {
+        Some(l) if l.dtype() == DType::I32 && l.shape() == [dm.b * dm.s] => l.view().address(),
+        Some(l) => return Err(Error::value(op, "plan.topk_length", format!("i32 [{}]", dm.b * dm.s), format!("{} {:?}", l.dtype(), l.shape()))),
+        None => 0,
+    };
+    Ok(IndexSource { ptr: v.address(), sb: (dm.s * w) as i64, ss: w as i64, st: 1, bias: dm.k as i64, is_i64: 0, row_len, t: w })
+}
+
+fn out_ptr(v: &TensorViewMut) -> u64 {
+    v.as_view().address()
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward and the dense oracle
+
+/// out `[B,S,H,D]` bf16, lse `[B,S,H]` f32 (contiguous, validated by the caller).
+pub fn forward(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut, lse: &mut TensorViewMut) -> Result<()> {
+    let (dm, _) = a.validate()?;
+    let tiles = check_supported(OP_FWD, Pass::Fwd, gpu, dm, &[("q", &a.q), ("kv", &a.kv)])?;
+    let src = index_source(OP_FWD, &a.indices, dm)?;
+    run_forward(gpu, a, dm, tiles, src, false, out_ptr(out), out_ptr(lse))
+}
+
+/// The dense oracle: the forward over each row's *set* of keys. The row is sorted (a plan,
+/// built here unless given) and a key equal to its predecessor is masked.
+pub fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Result<()> {
+    let (dm, _) = a.validate()?;
+    let tiles = check_supported(OP_DENSE, Pass::Fwd, gpu, dm, &[("q", &a.q), ("kv", &a.kv)])?;
+    let owned;
+    let plan = match &a.indices {
+        SparseIndices::Plan(p) => *p,
+        SparseIndices::TopK(idx) => {
+            owned = plan_impl(OP_DENSE, gpu, idx, dm.k, true)?;
+            &owned
+        }
+    };
+    let src = plan_source(OP_DENSE, plan, dm)?;
+    let lse = gpu.scratch(dm.b * dm.s * dm.h * 4)?;
+    run_forward(gpu, a, dm, tiles, src, true, out_ptr(out), lse.ptr())
+}
+
+fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: IndexSource, dedup: bool, out: u64, lse: u64) -> Result<()> {
+    if dm.b * dm.s == 0 {
+        return Ok(());
+    }
+    let q = rows_input(gpu, &a.q)?;
+    let kv = rows_input(gpu, &a.kv)?;
+    let smem = fwd_smem_bytes(dm.d, tiles.hb, tiles.bn);
+    let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dm.d, &tiles, a.reference_rounding, Some(dedup)))?;
+    let p = FwdParams {
+        q: q.ptr,
+        kv: kv.ptr,
+        sinks: a.sinks.address(),
+        idx: src.ptr,
+        row_len: src.row_len,
+        out,
+        lse,
+        q_sb: q.strides[0],
+        q_ss: q.strides[1],
+        q_sh: q.strides[2],
+        kv_sb: kv.strides[0],
+        kv_sk: kv.strides[1],
+        idx_sb: src.sb,
+        idx_ss: src.ss,
+        idx_st: src.st,
+        idx_bias: src.bias,
+        sinks_sh: a.sinks.strides()[0] as i64,
+        b: dm.b as i32,
+        s: dm.s as i32,
+        h: dm.h as i32,
+        k: dm.k as i32,
+        t: src.t as i32,
+        idx_is_i64: src.is_i64,
+        smem_bytes: smem as i32,
+        sm_scale: a.sm_scale,
+    };
+    let grid = [(dm.b * dm.s) as u32, tiles.head_blocks(dm.h) as u32, 1];
+    // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
+    // aligned rows, or a packed copy kept alive here); the index source was validated as
+    // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never
+    // dereferenced; out and lse are contiguous [B,S,H,D] / [B,S,H] outputs (checked by the
+    // caller); B*S, K, T fit in int32; `smem` is this tile's layout, which the kernel checks.
+    unsafe { k.launch(grid, [tiles.threads(dm.d) as u32, 1, 1], smem as u32, &p) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+
+/// dq `[B,S,H,D]` bf16, dkv `[B,K,D]` bf16, dsinks `[H]` f32 (contiguous, validated).
+pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, dkv: &mut TensorViewMut, dsinks: &mut TensorViewMut) -> Result<()> {
+    let (dm, _) = a.validate()?;
+    let f = &a.fwd;
+    let tiles = check_supported(OP_BWD, Pass::Bwd, gpu, dm, &[("q", &f.q), ("kv", &f.kv), ("out", &a.out), ("dout", &a.dout)])?;
+    let src = index_source(OP_BWD, &f.indices, dm)?;
+    let deterministic = a.backward_impl == BackwardImpl::Deterministic;
+    let partial_bytes = dm.k * dm.d * 4;
+    if deterministic && partial_bytes > a.backward_workspace_bytes {
+        return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least K*D*4 = {partial_bytes} bytes of workspace for one partial dkv; backward_workspace_bytes = {}", a.backward_workspace_bytes)));
+    }
+    let n_hblk = tiles.head_blocks(dm.h);
+    let rows = dm.b * dm.s;
+    let kvd = dm.b * dm.k * dm.d;
+
+    // f32 accumulator of dkv (auxiliary: not part of the partial workspace)
+    let acc = gpu.scratch(kvd * 4)?;
+    gpu.zero(acc.ptr(), kvd * 4)?;
+    let dsinks_part = gpu.scratch(rows * dm.h * 4)?;
+
+    if rows > 0 {
+        let q = rows_input(gpu, &f.q)?;
+        let kv = rows_input(gpu, &f.kv)?;
+        let out = rows_input(gpu, &a.out)?;
+        let dout = rows_input(gpu, &a.dout)?;
+        let lse_st = strides_i64(&a.lse);
+        let smem = bwd_smem_bytes(dm.d, tiles.hb, tiles.bn);
+        let k = gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dm.d, &tiles, f.reference_rounding, None))?;
+        let mut p = BwdParams {
+            q: q.ptr,
+            kv: kv.ptr,
+            sinks: f.sinks.address(),
+            idx: src.ptr,
+            row_len: src.row_len,
+            out: out.ptr,
+            dout: dout.ptr,
+            lse: a.lse.address(),
+            dq: out_ptr(dq),
+            dkv: acc.ptr(),
+            dsinks_part: dsinks_part.ptr(),
+            q_sb: q.strides[0],
+            q_ss: q.strides[1],
+            q_sh: q.strides[2],
+            kv_sb: kv.strides[0],
+            kv_sk: kv.strides[1],
+            idx_sb: src.sb,
+            idx_ss: src.ss,
+            idx_st: src.st,
+            idx_bias: src.bias,
+            sinks_sh: f.sinks.strides()[0] as i64,
+            o_sb: out.strides[0],
+            o_ss: out.strides[1],
+            o_sh: out.strides[2],
+            do_sb: dout.strides[0],
+            do_ss: dout.strides[1],
+            do_sh: dout.strides[2],
+            lse_sb: lse_st[0],
+            lse_ss: lse_st[1],
+            lse_sh: lse_st[2],
+            b: dm.b as i32,
+            s: dm.s as i32,
+            h: dm.h as i32,
+            k: dm.k as i32,
+            t: src.t as i32,
+            idx_is_i64: src.is_i64,
+            smem_bytes: smem as i32,
+            rows_per_chunk: 1,
+            chunks_per_bh: dm.s as i32,
+            chunk_base: 0,
+            deterministic: deterministic as i32,
+            all_rows_nonempty: f.all_rows_nonempty as i32,
+            sm_scale: f.sm_scale,
+            pad_: 0,
+        };
+        let block = [tiles.threads(dm.d) as u32, 1, 1];
+        if !deterministic {
+            let chunks = dm.b * n_hblk * dm.s;
+            if chunks > i32::MAX as usize {
+                return Err(unavailable(OP_BWD, format!("B * head blocks * S = {chunks} CTAs exceed int32")));
+            }
+            // SAFETY: as the forward's launch for q, kv, the index source; out and dout
+            // pass the same row rules (`rows_input`); lse is a validated [B,S,H] f32 view
+            // read through its strides; dq is a contiguous [B,S,H,D] output; `dkv` is the
+            // zeroed [B,K,D] f32 accumulator and `dsinks_part` [B*S,H] f32, both live
+            // until the end of this function (stream-ordered frees); chunk c covers
+            // exactly one row, c < B*n_hblk*S = the grid.
+            unsafe { k.launch([chunks as u32, 1, 1], block, smem as u32, &p)? };
+        } else {
+            let plan = DeterministicPlan::new(gpu, dm, n_hblk, a.backward_workspace_bytes);
+            p.rows_per_chunk = plan.rows_per_chunk as i32;
+            p.chunks_per_bh = plan.chunks_per_bh as i32;
+            let partials = gpu.scratch(plan.wave * partial_bytes)?;
+            p.dkv = partials.ptr();
+            let reduce = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dkv_reduce", &[])?;
+            let mut base = 0;
+            while base < plan.total {
+                let n = plan.wave.min(plan.total - base);
+                gpu.zero(partials.ptr(), n * partial_bytes)?;
+                p.chunk_base = base as i32;
+                // SAFETY: as the atomic launch, except that chunk c of this wave owns
+                // partial slot c - base of `partials` ([wave, K, D] f32, zeroed above for
+                // the n chunks launched); chunks index (batch, head block, row range) below
+                // B*n_hblk*chunks_per_bh = plan.total, which fits in int32.
+                unsafe { k.launch([n as u32, 1, 1], block, smem as u32, &p)? };
+                let r = DkvReduceParams { partial: partials.ptr(), acc: acc.ptr(), n: (dm.k * dm.d) as i64, b: dm.b as i32, chunk_base: base as i32, n_chunks: n as i32, chunks_per_batch: (n_hblk * plan.chunks_per_bh) as i32 };
+                // SAFETY: `partials` holds n slots of K*D f32 written by the launch above;
+                // `acc` is [B, K*D] f32; the grid-stride loop stays below B*K*D.
+                unsafe { reduce.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &r)? };
+                base += n;
+            }
+            drop(partials);
+        }
+    }
+
+    // dkv = bf16(acc); dsinks = fixed-order sum of the per-row partials
+    if kvd > 0 {
+        let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
+        let c = ConvertParams { src: acc.ptr(), dst: out_ptr(dkv), n: kvd as i64 };
+        // SAFETY: `acc` holds B*K*D f32; dkv is a contiguous [B,K,D] bf16 output.
+        unsafe { conv.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &c)? };
+    }
+    let ds = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dsinks", &[])?;
+    let d = DsinksParams { part: dsinks_part.ptr(), dsinks: out_ptr(dsinks), rows: rows as i64, h: dm.h as i32, pad_: 0 };
+    // SAFETY: `dsinks_part` holds [rows, H] f32, every entry written by the main kernel
+    // (rows > 0) or none read (rows == 0); dsinks is a contiguous [H] f32 output; one CTA
+    // per head (H fits in int32).
+    unsafe { ds.launch([dm.h as u32, 1, 1], [256, 1, 1], 0, &d) }
+}
+
+/// How the deterministic backward splits its rows: chunks of consecutive rows of one batch
+/// and head block, one CTA each, launched in waves of at most `wave` chunks (one partial
+/// dkv `[K, D]` f32 per chunk of a wave, bounded by `backward_workspace_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeterministicPlan {
+    pub rows_per_chunk: usize,
+    pub chunks_per_bh: usize,
+    pub total: usize,
+    pub wave: usize,
+}
+
+impl DeterministicPlan {
+    /// Aim for two CTAs per SM (enough to fill the device, few partials to sum), fewer when
+    /// the workspace holds fewer partials.
+    pub fn new(gpu: &Gpu, dm: Dims, n_hblk: usize, workspace: usize) -> Self {
+        Self::for_sizes(gpu.props().sm_count as usize, dm, n_hblk, workspace)
+    }
+
+    pub fn for_sizes(sm_count: usize, dm: Dims, n_hblk: usize, workspace: usize) -> Self {
+        let partial = (dm.k * dm.d * 4).max(1);
+        let max_par = (workspace / partial).max(1);
+        let target = (2 * sm_count).min(max_par).max(1);
+        let units = dm.b * n_hblk * dm.s;
+        let rows_per_chunk = units.div_ceil(target).clamp(1, dm.s.max(1));
+        let chunks_per_bh = dm.s.div_ceil(rows_per_chunk).max(1);
+        let total = dm.b * n_hblk * chunks_per_bh;
+        DeterministicPlan { rows_per_chunk, chunks_per_bh, total, wave: max_par.min(total).max(1) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Plans
+
+/// A plan in the cuDNN layout of SPEC.md section 6, built on the GPU with no host round
+/// trip: `indices` i32 `[B*S,1,T]` global `b*K+k` ascending (duplicates kept) then -1,
+/// `topk_length` i32 `[B*S]`, and unless `all_rows_nonempty`, `valid_rows` i64 `[B*S]`:
+/// the nonempty rows ascending, then -1 (a fixed length, so no count is read back).
+pub fn plan(gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize, all_rows_nonempty: bool) -> Result<SparseIndexPlan> {
+    plan_impl(OP_PLAN, gpu, topk_idxs, kv_len, all_rows_nonempty)
+}
+
+fn plan_impl(op: &'static str, gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize, all_rows_nonempty: bool) -> Result<SparseIndexPlan> {
+    let (b, s, t) = (topk_idxs.shape()[0], topk_idxs.shape()[1], topk_idxs.shape()[2]);
+    let rows = b * s;
+    if rows > i32::MAX as usize || t > i32::MAX as usize || (b as u64) * (kv_len as u64) > i32::MAX as u64 {
+        return Err(unavailable(op, format!("B*S = {rows}, T = {t} and B*K = {} must fit in int32", b * kv_len)));
+    }
+    let sort_cap = t.max(1).next_power_of_two();
+    let smem = sort_cap * 4;
+    let smem_max = gpu.props().max_shared_per_block_optin as usize;
+    if smem > smem_max {
+        return Err(unavailable(op, format!("T = {t} slots per row: the row sort needs {smem} bytes of shared memory, the device has {smem_max}")));
+    }
+    let indices = gpu.alloc(DType::I32, &[rows, 1, t])?;
+    let lengths = gpu.alloc(DType::I32, &[rows])?;
+    if rows > 0 {
+        let st = strides_i64(topk_idxs);
+        let p = PlanParams {
+            idx: topk_idxs.address(),
+            indices: indices.view().address(),
+            lengths: lengths.view().address(),
+            idx_sb: st[0],
+            idx_ss: st[1],
+            idx_st: st[2],
+            b: b as i32,
+            s: s as i32,
+            t: t as i32,
+            k: kv_len as i32,
+            sort_cap: sort_cap as i32,
+            idx_is_i64: (topk_idxs.dtype() == DType::I64) as i32,
+        };
+        let k = gpu.kernel("sparse_attention/plan.cu", "sparse_attn_plan_rows", &[])?;
+        let threads = (sort_cap / 2).clamp(32, 1024) as u32;
+        // SAFETY: topk_idxs is a validated [B,S,T] integer view read through its strides;
+        // indices [B*S,1,T] and lengths [B*S] are fresh contiguous i32 tensors; the shared
+        // sort buffer holds sort_cap ints (checked against the device limit above).
+        unsafe { k.launch([rows as u32, 1, 1], [threads, 1, 1], smem as u32, &p)? };
+    }
+    let valid_rows = if all_rows_nonempty {
+        None
+    } else {
+        let v = gpu.alloc(DType::I64, &[rows])?;
+        if rows > 0 {
+            let k = gpu.kernel("sparse_attention/plan.cu", "sparse_attn_valid_rows", &[])?;
+            let p = ValidRowsParams { lengths: lengths.view().address(), valid_rows: v.view().address(), rows: rows as i64 };
+            // SAFETY: lengths holds B*S i32 (written by the launch above, same stream);
+            // valid_rows is a fresh [B*S] i64 tensor; one CTA of 1024 threads.
+            unsafe { k.launch([1, 1, 1], [1024, 1, 1], 0, &p)? };
+        }
+        Some(v)
+    };
+    Ok(SparseIndexPlan { backend: "cuda", indices, topk_length: Some(lengths), valid_rows, kv_len, batch: b, seq: s, slots: t, all_rows_nonempty })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_hopper_and_ampere() {
+        for smem in [232_448usize, 166_912] {
+            for d in (64..=512).step_by(64) {
+                for h in [1usize, 3, 16, 17, 64, 100, 128] {
+                    for pass in [Pass::Fwd, Pass::Bwd] {
+                        let t = choose_tiles(pass, d, h, smem).unwrap_or_else(|| panic!("no tile for {pass:?} d={d} h={h} smem={smem}"));
+                        let bytes = match pass {
+                            Pass::Fwd => fwd_smem_bytes(d, t.hb, t.bn),
+                            Pass::Bwd => bwd_smem_bytes(d, t.hb, t.bn),
+                        };
+                        assert!(bytes <= smem);
+                        assert!(t.hb.is_multiple_of(16) && t.hb <= 64 && t.hb * t.head_blocks(h) >= h);
+                        assert!(t.threads(d) <= if pass == Pass::Fwd { 512 } else { 256 });
+                    }
+                }
+            }
+        }
+        // The DeepSeek-V4 shape on an H100/H200: all 64 heads in one forward CTA.
+        assert_eq!(choose_tiles(Pass::Fwd, 512, 64, 232_448), Some(Tiles { hb: 64, bn: 64, dw: 128 }));
+        assert_eq!(choose_tiles(Pass::Fwd, 100, 64, 232_448), None);
+    }
+
+    #[test]
+    fn deterministic_plan_covers_rows_within_workspace() {
+        let dm = Dims { b: 2, s: 1024, h: 64, d: 512, k: 1280, t: 640 };
+        let p = DeterministicPlan::for_sizes(132, dm, 2, 2 << 30);
+        assert!(p.rows_per_chunk * p.chunks_per_bh >= dm.s);
+        assert!(p.wave * dm.k * dm.d * 4 <= 2 << 30);
+        assert_eq!(p.total, dm.b * 2 * p.chunks_per_bh);
+        let small = DeterministicPlan::for_sizes(132, dm, 2, dm.k * dm.d * 4 * 3);
+        assert_eq!(small.wave, 3);
+    }
+}

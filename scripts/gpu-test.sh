@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Run ON the GPU machine, from the repository root, what scripts/gpu-build.sh staged in
+# .dev/gpu/: every test executable (GPU tests included), compute-sanitizer memcheck over
+# the small-shape tests (`small_*`), then `dsv4 check --backend cuda`. Exits non-zero on
+# any failure. Log: ${OUT:-.dev}/gpu-test.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dir=.dev/gpu
+log=${OUT:-.dev}/gpu-test.log
+mkdir -p "$(dirname "$log")"
+exec > >(tee "$log") 2>&1
+
+[ -d "$dir/tests" ] || { echo "no $dir/tests: run scripts/gpu-build.sh first (and carry .dev/gpu)"; exit 2; }
+export DSV4_GOLDEN_DIR=$dir/golden
+# Only the staged golden files (not a shared/ checkout that may sit beside the repo too).
+export DSV4_SHARED_DIR=$dir/no-shared
+export RUST_BACKTRACE=1
+
+# NVRTC: a CUDA toolkit when present, else the staged pip libraries.
+if [ -z "${DSV4_NVRTC_LIB:-}" ] && ! ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnvrtc.so* >/dev/null 2>&1 && [ -f "$dir/nvrtc.tar.xz" ]; then
+  mkdir -p "$dir/nvrtc" && tar -C "$dir/nvrtc" -xJf "$dir/nvrtc.tar.xz"
+  export DSV4_NVRTC_LIB=$PWD/$dir/nvrtc/lib/libnvrtc.so.13 DSV4_CUDA_INCLUDE=$PWD/$dir/nvrtc/include
+  echo "using the staged NVRTC: $DSV4_NVRTC_LIB"
+fi
+export DSV4_CACHE_DIR=${DSV4_CACHE_DIR:-$PWD/$dir/kernel-cache}
+
+failed=()
+run() {
+  local label=$1
+  shift
+  echo
+  echo "=== $label: $*"
+  local t0=$SECONDS
+  if "$@"; then
+    echo "=== $label: ok ($((SECONDS - t0)) s)"
+  else
+    echo "=== $label: FAILED (exit $?, $((SECONDS - t0)) s)"
+    failed+=("$label")
+  fi
+}
+
+nvidia-smi || echo "(nvidia-smi not available)"
+
+for t in "$dir"/tests/*; do
+  run "test $(basename "$t")" "$t" --include-ignored --test-threads=1 --nocapture
+done
+
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
+if [ -x "$sanitizer" ]; then
+  for t in "$dir"/tests/gpu_*; do
+    [ -e "$t" ] || continue
+    run "memcheck $(basename "$t")" "$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
+  done
+else
+  echo "compute-sanitizer not found at $sanitizer"
+  failed+=("compute-sanitizer missing")
+fi
+
+if [ -x "$dir/dsv4" ]; then
+  run "dsv4 check" "$dir/dsv4" check --backend cuda
+fi
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "gpu-test: all passed"
+else
+  echo "gpu-test: ${#failed[@]} failed:"
+  printf '  %s\n' "${failed[@]}"
+  exit 1
+fi
