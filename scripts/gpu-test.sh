@@ -2,7 +2,8 @@
 # Run ON the GPU machine, from the repository root, what scripts/gpu-build.sh staged in
 # .dev/gpu/: every test executable (GPU tests included), compute-sanitizer memcheck over
 # the small-shape tests (`small_*`), then `dsv4 check --backend cuda`. Exits non-zero on
-# any failure. Log: ${OUT:-.dev}/gpu-test.log.
+# any failure. Log: ${OUT:-.dev}/gpu-test.log. DSV4_SANITIZER=0 leaves memcheck out (for a
+# quick iteration; a full run keeps it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=.dev/gpu
@@ -46,7 +47,9 @@ for t in "$dir"/tests/*; do
 done
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
-if [ -x "$sanitizer" ]; then
+if [ "${DSV4_SANITIZER:-1}" = 0 ]; then
+  echo "compute-sanitizer: not run this time (DSV4_SANITIZER=0)"
+elif [ -x "$sanitizer" ]; then
   for t in "$dir"/tests/gpu_*; do
     [ -e "$t" ] || continue
     run "memcheck $(basename "$t")" "$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
