@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== golden vectors through the reference (one line per golden file)"
+cargo test --locked -p dsv4-core --test golden -- --nocapture 2>&1
 echo "== cargo test (Rust crates)"
 cargo test --locked 2>&1
 echo "== cargo clippy"

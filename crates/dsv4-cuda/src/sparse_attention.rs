@@ -181,6 +181,7 @@ pub struct PackParams {
     pub dst: u64,
     pub s: [i64; 4],
     pub n: [i64; 4],
+    pub n3_dst: i64,
 }
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
@@ -190,7 +191,7 @@ const _: () = assert!(size_of::<ConvertParams>() == 24);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
 const _: () = assert!(size_of::<ValidRowsParams>() == 24);
-const _: () = assert!(size_of::<PackParams>() == 80);
+const _: () = assert!(size_of::<PackParams>() == 88);
 
 /// `(params struct name, size in bytes)` of every params struct of this family.
 pub const PARAMS_SIZES: &[(&str, usize)] = &[
@@ -307,52 +308,89 @@ fn check_supported(op: &'static str, pass: Pass, gpu: &Gpu, dm: Dims, bf16_args:
             return Err(unavailable(op, format!("`{name}` is {}: the cuda kernels take bf16 (f32 inputs are the reference backend's)", v.dtype())));
         }
     }
-    if !dm.d.is_multiple_of(64) || dm.d > 512 {
-        return Err(unavailable(op, format!("head_dim D = {}: the cuda kernels take D a multiple of 64, at most 512", dm.d)));
+    if dm.d == 0 || dm.d > 512 {
+        return Err(unavailable(op, format!("head_dim D = {}: the cuda kernels take 1 <= D <= 512", dm.d)));
     }
     let lim = i32::MAX as usize;
     if dm.b.saturating_mul(dm.s) > lim || dm.k > lim || dm.t > lim || dm.h > lim {
         return Err(unavailable(op, format!("sizes B*S = {}, K = {}, T = {}, H = {} must each fit in int32", dm.b * dm.s, dm.k, dm.t, dm.h)));
     }
     let smem_max = gpu.props().max_shared_per_block_optin as usize;
-    choose_tiles(pass, dm.d, dm.h, smem_max).ok_or_else(|| unavailable(op, format!("D = {}, H = {}: even the smallest tile needs more than the device's {smem_max} bytes of shared memory per block", dm.d, dm.h)))
+    let dp = kernel_d(dm.d);
+    choose_tiles(pass, dp, dm.h, smem_max).ok_or_else(|| unavailable(op, format!("D = {} (kernel D = {dp}), H = {}: even the smallest tile needs more than the device's {smem_max} bytes of shared memory per block", dm.d, dm.h)))
+}
+
+/// The head dim the kernels run at: D rounded up to a multiple of 64. Inputs of another D
+/// are copied with zero columns appended (a zero column adds 0 to every q.k and gives a
+/// zero column of out, dq and dkv), and results are cut back to D.
+pub fn kernel_d(d: usize) -> usize {
+    d.next_multiple_of(64)
 }
 
 fn strides_i64(v: &TensorView) -> Vec<i64> {
     v.strides().iter().map(|&s| s as i64).collect()
 }
 
-/// A bf16 input as the tensor-core loaders read it: d-stride 1, every other stride a
-/// multiple of 8 elements and a 16-byte aligned base; otherwise a packed contiguous copy
-/// (kept alive in `_copy`).
+/// A bf16 input as the tensor-core loaders read it, `dp` (the kernel head dim) wide:
+/// d-stride 1, every other stride a multiple of 8 elements and a 16-byte aligned base;
+/// otherwise (or when the last dim is narrower than `dp`) a packed contiguous copy with
+/// zero columns appended (kept alive in `_copy`).
 struct RowsInput {
     ptr: u64,
     strides: Vec<i64>,
     _copy: Option<Tensor>,
 }
 
-fn rows_input(gpu: &Gpu, v: &TensorView) -> Result<RowsInput> {
+fn rows_input(gpu: &Gpu, v: &TensorView, dp: usize) -> Result<RowsInput> {
     let st = strides_i64(v);
     let nd = st.len();
     let shape = v.shape();
     let aligned = v.address().is_multiple_of(16) && (shape[nd - 1] <= 1 || st[nd - 1] == 1) && st[..nd - 1].iter().zip(shape).all(|(&s, &n)| n <= 1 || s % 8 == 0);
-    if aligned || v.numel() == 0 {
+    if (aligned && shape[nd - 1] == dp) || v.numel() == 0 {
         return Ok(RowsInput { ptr: v.address(), strides: st, _copy: None });
     }
-    let copy = gpu.alloc(DType::BF16, shape)?;
-    let mut p = PackParams { src: v.address(), dst: copy.view().address(), s: [0; 4], n: [1; 4] };
+    let mut padded = shape.to_vec();
+    padded[nd - 1] = dp;
+    let copy = gpu.alloc(DType::BF16, &padded)?;
+    // SAFETY: `src` addresses every element its shape and strides reach (a validated view);
+    // `dst` is a fresh contiguous tensor of the padded shape.
+    unsafe { pack(gpu, v.address(), &st, shape, copy.view().address(), dp)? };
+    let strides = dsv4_core::tensor::contiguous_strides(&padded).iter().map(|&s| s as i64).collect();
+    Ok(RowsInput { ptr: copy.view().address(), strides, _copy: Some(copy) })
+}
+
+/// `sparse_attn_pack`: the bf16 tensor at `src` (`shape`, `strides`, rank 1..=4) copied to
+/// the contiguous tensor at `dst` of the same shape except a last dim of `n3_dst` (zero
+/// columns appended, or trailing columns dropped).
+///
+/// # Safety
+/// `src` must address every element that `shape` and `strides` reach, and `dst` must hold
+/// `shape[..last].product() * n3_dst` bf16.
+unsafe fn pack(gpu: &Gpu, src: u64, strides: &[i64], shape: &[usize], dst: u64, n3_dst: usize) -> Result<()> {
+    let nd = shape.len();
+    let mut p = PackParams { src, dst, s: [0; 4], n: [1; 4], n3_dst: n3_dst as i64 };
     let off = 4 - nd;
     for i in 0..nd {
-        p.s[off + i] = st[i];
+        p.s[off + i] = strides[i];
         p.n[off + i] = shape[i] as i64;
     }
+    let total = shape[..nd - 1].iter().product::<usize>() * n3_dst;
+    if total == 0 {
+        return Ok(());
+    }
     let k = gpu.kernel("sparse_attention/pack.cu", "sparse_attn_pack", &[])?;
-    let blocks = grid_for(gpu, v.numel());
-    // SAFETY: `src` addresses every element its shape and strides reach (a validated view);
-    // `dst` is a fresh contiguous tensor of the same shape; PackParams mirrors the header.
-    unsafe { k.launch([blocks, 1, 1], [256, 1, 1], 0, &p)? };
-    let strides = dsv4_core::tensor::contiguous_strides(shape).iter().map(|&s| s as i64).collect();
-    Ok(RowsInput { ptr: copy.view().address(), strides, _copy: Some(copy) })
+    // SAFETY: the caller's contract; PackParams mirrors the header; the grid-stride loop
+    // stays below `total`.
+    unsafe { k.launch([grid_for(gpu, total), 1, 1], [256, 1, 1], 0, &p) }
+}
+
+/// A padded `[rows, dp]` bf16 result at `src` cut back to the contiguous `[rows, d]` at `dst`.
+///
+/// # Safety
+/// `src` must hold `rows * dp` bf16 and `dst` `rows * d` bf16.
+unsafe fn unpad(gpu: &Gpu, src: u64, rows: usize, dp: usize, dst: u64, d: usize) -> Result<()> {
+    // SAFETY: the caller's contract ([rows, d] of a [rows, dp] row-major buffer).
+    unsafe { pack(gpu, src, &[dp as i64, 1], &[rows, d], dst, d) }
 }
 
 /// Blocks of 256 threads for a grid-stride loop over `n` elements.
@@ -439,17 +477,20 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     if dm.b * dm.s == 0 {
         return Ok(());
     }
-    let q = rows_input(gpu, &a.q)?;
-    let kv = rows_input(gpu, &a.kv)?;
-    let smem = fwd_smem_bytes(dm.d, tiles.hb, tiles.bn);
-    let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dm.d, &tiles, a.reference_rounding, Some(dedup)))?;
+    let dp = kernel_d(dm.d);
+    let q = rows_input(gpu, &a.q, dp)?;
+    let kv = rows_input(gpu, &a.kv, dp)?;
+    // D not a multiple of 64: the kernel writes a padded out, cut back below.
+    let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
+    let smem = fwd_smem_bytes(dp, tiles.hb, tiles.bn);
+    let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
     let p = FwdParams {
         q: q.ptr,
         kv: kv.ptr,
         sinks: a.sinks.address(),
         idx: src.ptr,
         row_len: src.row_len,
-        out,
+        out: out_pad.as_ref().map_or(out, |o| o.ptr()),
         lse,
         q_sb: q.strides[0],
         q_ss: q.strides[1],
@@ -474,9 +515,15 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never
-    // dereferenced; out and lse are contiguous [B,S,H,D] / [B,S,H] outputs (checked by the
-    // caller); B*S, K, T fit in int32; `smem` is this tile's layout, which the kernel checks.
-    unsafe { k.launch(grid, [tiles.threads(dm.d) as u32, 1, 1], smem as u32, &p) }
+    // dereferenced; out (or the padded [B,S,H,dp] scratch) and lse are contiguous
+    // [B,S,H,D] / [B,S,H] outputs (checked by the caller); B*S, K, T fit in int32; `smem`
+    // is this tile's layout, which the kernel checks.
+    unsafe { k.launch(grid, [tiles.threads(dp) as u32, 1, 1], smem as u32, &p)? };
+    if let Some(o) = &out_pad {
+        // SAFETY: the scratch holds [B*S*H, dp] bf16 written above; out is [B*S*H, D].
+        unsafe { unpad(gpu, o.ptr(), dm.b * dm.s * dm.h, dp, out, dm.d)? };
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -489,13 +536,17 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let tiles = check_supported(OP_BWD, Pass::Bwd, gpu, dm, &[("q", &f.q), ("kv", &f.kv), ("out", &a.out), ("dout", &a.dout)])?;
     let src = index_source(OP_BWD, &f.indices, dm)?;
     let deterministic = a.backward_impl == BackwardImpl::Deterministic;
-    let partial_bytes = dm.k * dm.d * 4;
+    let partial_bytes = dm.k * kernel_d(dm.d) * 4;
     if deterministic && partial_bytes > a.backward_workspace_bytes {
         return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least K*D*4 = {partial_bytes} bytes of workspace for one partial dkv; backward_workspace_bytes = {}", a.backward_workspace_bytes)));
     }
     let n_hblk = tiles.head_blocks(dm.h);
     let rows = dm.b * dm.s;
-    let kvd = dm.b * dm.k * dm.d;
+    // The kernels run at head dim dp (D rounded up to 64): inputs zero-padded, dq and dkv
+    // computed padded and cut back to D.
+    let dp = kernel_d(dm.d);
+    let kvd = dm.b * dm.k * dp;
+    let dq_pad = if dp != dm.d { Some(gpu.scratch(rows * dm.h * dp * 2)?) } else { None };
 
     // f32 accumulator of dkv (auxiliary: not part of the partial workspace)
     let acc = gpu.scratch(kvd * 4)?;
@@ -503,13 +554,13 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let dsinks_part = gpu.scratch(rows * dm.h * 4)?;
 
     if rows > 0 {
-        let q = rows_input(gpu, &f.q)?;
-        let kv = rows_input(gpu, &f.kv)?;
-        let out = rows_input(gpu, &a.out)?;
-        let dout = rows_input(gpu, &a.dout)?;
+        let q = rows_input(gpu, &f.q, dp)?;
+        let kv = rows_input(gpu, &f.kv, dp)?;
+        let out = rows_input(gpu, &a.out, dp)?;
+        let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
-        let smem = bwd_smem_bytes(dm.d, tiles.hb, tiles.bn);
-        let k = gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dm.d, &tiles, f.reference_rounding, None))?;
+        let smem = bwd_smem_bytes(dp, tiles.hb, tiles.bn);
+        let k = gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?;
         let mut p = BwdParams {
             q: q.ptr,
             kv: kv.ptr,
@@ -519,7 +570,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             out: out.ptr,
             dout: dout.ptr,
             lse: a.lse.address(),
-            dq: out_ptr(dq),
+            dq: dq_pad.as_ref().map_or(out_ptr(dq), |s| s.ptr()),
             dkv: acc.ptr(),
             dsinks_part: dsinks_part.ptr(),
             q_sb: q.strides[0],
@@ -556,7 +607,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             sm_scale: f.sm_scale,
             pad_: 0,
         };
-        let block = [tiles.threads(dm.d) as u32, 1, 1];
+        let block = [tiles.threads(dp) as u32, 1, 1];
         if !deterministic {
             let chunks = dm.b * n_hblk * dm.s;
             if chunks > i32::MAX as usize {
@@ -586,7 +637,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // the n chunks launched); chunks index (batch, head block, row range) below
                 // B*n_hblk*chunks_per_bh = plan.total, which fits in int32.
                 unsafe { k.launch([n as u32, 1, 1], block, smem as u32, &p)? };
-                let r = DkvReduceParams { partial: partials.ptr(), acc: acc.ptr(), n: (dm.k * dm.d) as i64, b: dm.b as i32, chunk_base: base as i32, n_chunks: n as i32, chunks_per_batch: (n_hblk * plan.chunks_per_bh) as i32 };
+                let r = DkvReduceParams { partial: partials.ptr(), acc: acc.ptr(), n: (dm.k * dp) as i64, b: dm.b as i32, chunk_base: base as i32, n_chunks: n as i32, chunks_per_batch: (n_hblk * plan.chunks_per_bh) as i32 };
                 // SAFETY: `partials` holds n slots of K*D f32 written by the launch above;
                 // `acc` is [B, K*D] f32; the grid-stride loop stays below B*K*D.
                 unsafe { reduce.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &r)? };
@@ -596,12 +647,24 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         }
     }
 
-    // dkv = bf16(acc); dsinks = fixed-order sum of the per-row partials
+    // dq cut back to D; dkv = bf16(acc) (padded: through a bf16 [B,K,dp] scratch, then
+    // cut back); dsinks = fixed-order sum of the per-row partials
+    if let Some(s) = &dq_pad {
+        // SAFETY: the scratch holds [B*S*H, dp] bf16 written by the main kernel (every row
+        // and head: rows > 0 launched it; rows == 0 copies nothing); dq is [B*S*H, D].
+        unsafe { unpad(gpu, s.ptr(), rows * dm.h, dp, out_ptr(dq), dm.d)? };
+    }
     if kvd > 0 {
         let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
-        let c = ConvertParams { src: acc.ptr(), dst: out_ptr(dkv), n: kvd as i64 };
-        // SAFETY: `acc` holds B*K*D f32; dkv is a contiguous [B,K,D] bf16 output.
+        let dkv_pad = if dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
+        let c = ConvertParams { src: acc.ptr(), dst: dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr()), n: kvd as i64 };
+        // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
+        // D) or a [B,K,dp] bf16 scratch.
         unsafe { conv.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &c)? };
+        if let Some(s) = &dkv_pad {
+            // SAFETY: the scratch holds [B*K, dp] bf16 written above; dkv is [B*K, D].
+            unsafe { unpad(gpu, s.ptr(), dm.b * dm.k, dp, out_ptr(dkv), dm.d)? };
+        }
     }
     let ds = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dsinks", &[])?;
     let d = DsinksParams { part: dsinks_part.ptr(), dsinks: out_ptr(dsinks), rows: rows as i64, h: dm.h as i32, pad_: 0 };
@@ -630,7 +693,7 @@ impl DeterministicPlan {
     }
 
     pub fn for_sizes(sm_count: usize, dm: Dims, n_hblk: usize, workspace: usize) -> Self {
-        let partial = (dm.k * dm.d * 4).max(1);
+        let partial = (dm.k * kernel_d(dm.d) * 4).max(1);
         let max_par = (workspace / partial).max(1);
         let target = (2 * sm_count).min(max_par).max(1);
         let units = dm.b * n_hblk * dm.s;

@@ -40,6 +40,15 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], const void* lane_ptr) {
                  : "r"(smem_addr(lane_ptr)));
 }
 
+// Four 8x8 b16 matrices, transposed: lane l addresses row (l % 8) of matrix l / 8, and
+// gets elements [2c][g], [2c+1][g] of each (g = lane / 4, c = lane % 4). Reads an operand
+// stored k-major ([k][n] rows) as B fragments, or a [k][m]-stored A^T as A fragments.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* lane_ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(lane_ptr)));
+}
+
 // C += A * B, bf16 inputs, f32 accumulate.
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
     asm volatile(

@@ -69,6 +69,7 @@ static_assert(kBN == 32 || kBN == 64, "SA_BN: 32 or 64");
 static_assert((kDW == 64 || kDW == 128) && kD % kDW == 0, "SA_DW: 64 or 128, dividing SA_D");
 static_assert(kThreads % kChunks == 0, "the gather assigns whole rows per pass");
 static_assert(kBN * kST * 4 == kBN * QS * 2, "a staged dKV half fills exactly one K/V buffer");
+static_assert(kST % 4 == 0 && kHalf % 4 == 0, "staged rows and flushed column groups are 16-byte aligned");
 
 #if SA_NATURAL_EXP
 __device__ __forceinline__ float exp_base(float x) { return expf(x); }
@@ -78,6 +79,19 @@ __device__ __forceinline__ float exp_base(float x) { return exp2f(x); }
 constexpr float kLogScale = kLog2e;
 #endif
 }  // namespace
+
+// dst[0..4] += v, four f32 atomic adds; one 16-byte vector reduction on sm_90+ (dst
+// 16-byte aligned). Each lane's add is atomic on its own; no ordering is implied.
+__device__ __forceinline__ void red_add_f32x4(float* dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+#else
+    atomicAdd(dst, v.x);
+    atomicAdd(dst + 1, v.y);
+    atomicAdd(dst + 2, v.z);
+    atomicAdd(dst + 3, v.w);
+#endif
+}
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -299,37 +313,40 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                     }
                 }
                 __syncthreads();
-                // Each (key, column) once: distinct addresses, so any thread may take any.
+                // Each (key, 4 columns) once: distinct addresses, so any thread may take any.
+                // Four consecutive columns per instruction: one 16-byte vector reduction
+                // (sm_90) or a 16-byte read-modify-write of the CTA's own partial.
                 float* dst = dkv_t + half * kHalf;
-                constexpr int kFlushUnroll = 4;
-                for (int e0 = tid; e0 < kBN * kHalf; e0 += kThreads * kFlushUnroll) {
+                constexpr int kVec = kHalf / 4;  // float4s per staged row
+                constexpr int kFlushUnroll = 2;
+                for (int e0 = tid; e0 < kBN * kVec; e0 += kThreads * kFlushUnroll) {
                     float* ptr[kFlushUnroll];
-                    float val[kFlushUnroll];
+                    float4 val[kFlushUnroll];
 #pragma unroll
                     for (int u = 0; u < kFlushUnroll; ++u) {
                         const int e = e0 + u * kThreads;
                         ptr[u] = nullptr;
-                        val[u] = 0.0f;
-                        if (e < kBN * kHalf) {
-                            const int r = e / kHalf, cc = e % kHalf;
+                        val[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (e < kBN * kVec) {
+                            const int r = e / kVec, cc = (e % kVec) * 4;
                             const int key = keys[r];
                             if (key >= 0 && first_s[r] == r) {
                                 ptr[u] = dst + static_cast<i64>(key) * kD + cc;
-                                val[u] = stage[r * kST + cc];
+                                val[u] = *reinterpret_cast<const float4*>(stage + r * kST + cc);
                             }
                         }
                     }
                     if (p.deterministic) {
-                        float old[kFlushUnroll];
+                        float4 old[kFlushUnroll];
 #pragma unroll
-                        for (int u = 0; u < kFlushUnroll; ++u) old[u] = ptr[u] ? *ptr[u] : 0.0f;
+                        for (int u = 0; u < kFlushUnroll; ++u) old[u] = ptr[u] ? *reinterpret_cast<const float4*>(ptr[u]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
                         for (int u = 0; u < kFlushUnroll; ++u)
-                            if (ptr[u]) *ptr[u] = old[u] + val[u];
+                            if (ptr[u]) *reinterpret_cast<float4*>(ptr[u]) = make_float4(old[u].x + val[u].x, old[u].y + val[u].y, old[u].z + val[u].z, old[u].w + val[u].w);
                     } else {
 #pragma unroll
                         for (int u = 0; u < kFlushUnroll; ++u)
-                            if (ptr[u]) atomicAdd(ptr[u], val[u]);
+                            if (ptr[u]) red_add_f32x4(ptr[u], val[u]);
                     }
                 }
                 __syncthreads();  // the stage is free (next half / next tile's prefetch)

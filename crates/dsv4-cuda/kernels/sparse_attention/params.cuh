@@ -119,12 +119,16 @@ struct SparseAttnValidRowsParams {
 };
 DSV4_PARAMS_SIZE(SparseAttnValidRowsParams, 24);
 
-// pack.cu: a strided bf16 tensor copied into a contiguous one (for inputs whose rows are
-// not 16-byte aligned or whose last dim is strided).
+// pack.cu: a strided bf16 tensor copied into a contiguous one whose last dim is n3_dst
+// wide: zero columns appended when n3_dst > n3 (inputs padded to the kernels' head dim:
+// zero columns change no dot product), columns dropped when n3_dst < n3 (a padded result
+// cut back to the real head dim). Also for inputs whose rows are not 16-byte aligned or
+// whose last dim is strided (n3_dst == n3).
 struct SparseAttnPackParams {
     const bf16* src;       // [n0, n1, n2, n3] (any strides)
-    bf16* dst;             // [n0, n1, n2, n3] out, contiguous
+    bf16* dst;             // [n0, n1, n2, n3_dst] out, contiguous
     i64 s0, s1, s2, s3;    // src strides
-    i64 n0, n1, n2, n3;    // sizes
+    i64 n0, n1, n2, n3;    // sizes of src
+    i64 n3_dst;            // dst's last dim
 };
-DSV4_PARAMS_SIZE(SparseAttnPackParams, 80);
+DSV4_PARAMS_SIZE(SparseAttnPackParams, 88);

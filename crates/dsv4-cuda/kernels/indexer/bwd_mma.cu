@@ -1,0 +1,356 @@
+// Backward of `indexer_topk_scores` on tensor cores (SPEC.md section 3). For every slot t
+// of query (b,s) whose index p is valid and visible and whose gradient g_t is nonzero,
+// with a_h = <q[b,s,h], kv[b,p]> and G[h,t] = g_t * scale * w[b,s,h] * [a_h > 0]:
+//
+//   dw[b,s,h]  += g_t * scale * relu(a_h)
+//   dq[b,s,h]  += G[h,t] * kv[b,p]
+//   dkv[b,p]   += sum_h G[h,t] * q[b,s,h]
+//
+// A CTA (4 warps) walks `rows_per_cta` consecutive queries of one batch row in order. Per
+// query, q [HPAD, D] (bf16) stays in shared memory and the selection streams through in
+// tiles of BN = 64 slots whose kv rows are gathered by cp.async into a double buffer.
+// Per tile:
+//   1. warp w (< HPAD/16) owns heads [16w, 16w+16): A = q_w @ kv_tile^T (mma m16n8k16,
+//      M = heads, N = slots, K = D), then in registers dw += g*scale*relu(A) and
+//      G = g*scale*w*[A>0]. G's accumulators are reused in place as the A operand of
+//      dq_w += G @ kv_tile (M = heads, N = D, K = slots; kv read with ldmatrix.trans);
+//      dq_w stays in registers for the whole query. G (bf16) also goes to shared memory.
+//   2. warp w owns slots [16w, 16w+16): dkv_tile = G^T @ q (M = slots, N = D, K = heads;
+//      both operands read with ldmatrix.trans).
+//      - atomic mode: added to dkv [B,P,D] from the registers (float2 atomics on sm_90).
+//      - deterministic mode: staged in shared memory and added to the CTA's own partial
+//        slice [P,D] (zeroed) by plain read-modify-write; each address is touched once
+//        per tile when the tile's keys are distinct, and otherwise by the owner of its
+//        column slot after slot: the order is (query, tile, slot) whatever the schedule.
+//        `indexer_bwd_reduce` (bwd.cu) then sums the slices in chunk order.
+// dq (bf16) and dw of a query are written once, from the registers.
+//
+// G is rounded to bf16 for the tensor cores (f32 accumulate), like q and kv themselves;
+// dw uses the f32 products. Shape limits (the host falls back to bwd.cu beyond them):
+// H <= 64, D <= 128.
+//
+// dsv4-test-defines: IDX_H=17 IDX_D=40
+// dsv4-test-defines: IDX_H=3 IDX_D=20
+// dsv4-test-defines: IDX_H=64 IDX_D=64
+#include "indexer/params.cuh"
+#include "indexer/mma.cuh"
+
+#ifndef IDX_H
+#define IDX_H 64
+#endif
+#ifndef IDX_D
+#define IDX_D 128
+#endif
+
+namespace {
+
+using namespace dsv4;
+using namespace dsv4::indexer;
+
+constexpr int H = IDX_H;
+constexpr int D = IDX_D;
+constexpr int HPAD = (H + 15) / 16 * 16;  // zero q rows and zero weights past H
+constexpr int MT = HPAD / 16;             // head m-tiles, one warp each
+constexpr int DPAD = (D + 15) / 16 * 16;
+constexpr int KSTEPS = DPAD / 16;         // k-steps of A = q kv^T
+constexpr int NDT = DPAD / 8;             // 8-wide d n-tiles of dq and dkv
+constexpr int DCH = (D + 7) / 8;          // 16-byte chunks of a global row
+constexpr int DCH_PAD = DPAD / 8;
+constexpr int LDS = DPAD + 8;             // bf16 row stride of sq / skv (+16 bytes: conflict-free ldmatrix)
+constexpr int BN = 64;                    // slots per tile
+constexpr int NTN = BN / 8;               // slot n-tiles of A
+constexpr int LDG = BN + 8;               // bf16 row stride of sG
+constexpr int LDF = DPAD + 8;             // f32 row stride of the staged dkv tile
+constexpr int NWARPS = 4;
+constexpr int NTHREADS = NWARPS * 32;
+static_assert(MT <= NWARPS, "one warp per 16-head m-tile: H <= 64");
+static_assert(BN == 16 * NWARPS, "one warp per 16-slot m-tile of dkv");
+static_assert(DPAD <= 128, "dq and dkv accumulators live in registers: D <= 128");
+
+// Shared memory (bytes), mirrored by `bwd_mma_smem_bytes` in src/indexer.rs:
+//   sq [HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sG [HPAD][LDG] bf16 | sw [HPAD] f32 |
+//   sg [2][BN] f32 | skey [2][BN] i32 | (deterministic only) sdkv [BN][LDF] f32
+constexpr int SMEM_BASE = (HPAD * LDS + 2 * BN * LDS + HPAD * LDG) * 2 + HPAD * 4 + 2 * BN * 4 + 2 * BN * 4;
+constexpr int SMEM_DET = SMEM_BASE + BN * LDF * 4;
+static_assert(SMEM_BASE % 16 == 0, "sdkv stays aligned");
+static_assert(SMEM_DET <= 227 * 1024, "shared memory");
+
+__device__ __forceinline__ void add2(float* dst, float x, float y, bool pair_aligned) {
+#if __CUDA_ARCH__ >= 900
+    if (pair_aligned) {
+        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+        return;
+    }
+#endif
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const IndexerBwdParams p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16* sq = reinterpret_cast<bf16*>(smem);
+    bf16* skv = sq + HPAD * LDS;
+    bf16* sG = skv + 2 * BN * LDS;
+    float* sw = reinterpret_cast<float*>(sG + HPAD * LDG);
+    float* sg = sw + HPAD;
+    int* skey = reinterpret_cast<int*>(sg + 2 * BN);
+    float* sdkv = reinterpret_cast<float*>(smem + SMEM_BASE);  // deterministic only
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c4 = lane & 3;
+    const i64 b = blockIdx.y;
+    const i64 chunk = blockIdx.x;
+    const i64 s_lo = chunk * p.rows_per_cta;
+    const i64 s_hi = min(static_cast<i64>(p.S), s_lo + p.rows_per_cta);
+    float* dkv = p.dkv + b * p.dkv_sb + chunk * p.dkv_sc;  // [P, D]: this CTA's target
+    const bool det = p.deterministic != 0;
+    const int n_tiles = (p.T + BN - 1) / BN;
+
+    for (i64 s = s_lo; s < s_hi; ++s) {
+        // ---- q rows (cp.async, zero past H and D) and weights ------------------------------
+        for (int e = tid; e < HPAD * DCH_PAD; e += NTHREADS) {
+            const int c = e % DCH_PAD, h = e / DCH_PAD;
+            const bool valid = h < H && c < DCH;
+            const bf16* src = valid ? p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + c * 8 : p.q;
+            cp_async16(sq + h * LDS + c * 8, src, valid);
+        }
+        cp_async_commit();
+        for (int h = tid; h < HPAD; h += NTHREADS) sw[h] = h < H ? p.w[b * p.w_sb + s * p.w_ss + h * p.w_sh] : 0.0f;
+        const i64 vis = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s, p.compress_ratio));
+
+        // Slots of tile `tile` into buffer `buf`: key (-1: ignored), g*scale (0 when
+        // ignored, so a masked slot's gradient, even inf or NaN, is never read into a sum),
+        // and the kv rows (zeros when ignored).
+        auto load_tile = [&](int tile, int buf) {
+            for (int e = tid; e < BN * DCH_PAD; e += NTHREADS) {
+                const int c = e % DCH_PAD, j = e / DCH_PAD;
+                const i64 t = static_cast<i64>(tile) * BN + j;
+                i64 key = -1;
+                float gs = 0.0f;
+                if (t < p.T) {
+                    key = load_int(p.topk, b * p.t_sb + s * p.t_ss + t * p.t_st, p.topk_is_i64);
+                    const float gt = p.grad[b * p.g_sb + s * p.g_ss + t * p.g_st];
+                    if (key >= 0 && key < vis && gt != 0.0f) {
+                        gs = gt * p.scale;
+                    } else {
+                        key = -1;
+                    }
+                }
+                if (c == 0) {
+                    skey[buf * BN + j] = static_cast<int>(key);
+                    sg[buf * BN + j] = gs;
+                }
+                const bool load = key >= 0 && c < DCH;
+                const bf16* src = load ? p.kv + b * p.kv_sb + key * p.kv_sp + c * 8 : p.kv;
+                cp_async16(skv + (buf * BN + j) * LDS + c * 8, src, load);
+            }
+        };
+
+        float dq_acc[NDT][4];
+#pragma unroll
+        for (int i = 0; i < NDT; ++i) dq_acc[i][0] = dq_acc[i][1] = dq_acc[i][2] = dq_acc[i][3] = 0.0f;
+        float dw0 = 0.0f, dw1 = 0.0f;  // heads 16*warp + g and + g + 8 (this lane's slots)
+
+        if (n_tiles > 0) {
+            load_tile(0, 0);
+            cp_async_commit();
+        }
+        for (int it = 0; it < n_tiles; ++it) {
+            const int buf = it & 1;
+            if (it + 1 < n_tiles) {
+                load_tile(it + 1, buf ^ 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const bf16* kv_tile = skv + buf * BN * LDS;
+            const float* g_tile = sg + buf * BN;
+            const int* key_tile = skey + buf * BN;
+
+            // ---- 1. A = q kv^T for this warp's 16 heads; dw; G; dq += G kv -------------------
+            if (warp < MT) {
+                float acc[NTN][4];
+#pragma unroll
+                for (int nt = 0; nt < NTN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    u32 a[4];
+                    ldmatrix_x4(a, sq + (warp * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int nt = 0; nt < NTN; nt += 2) {
+                        u32 bb[4];  // slots nt*8.. (bb[0..1]) and nt*8+8.. (bb[2..3])
+                        ldmatrix_x4(bb, kv_tile + (nt * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                        mma_bf16_16816(acc[nt], a, b0);
+                        mma_bf16_16816(acc[nt + 1], a, b1);
+                    }
+                }
+                const float w0 = sw[warp * 16 + g], w1 = sw[warp * 16 + g + 8];
+                u32 gf[NTN / 2][4];  // G as A fragments of dq (k = slots)
+#pragma unroll
+                for (int nt = 0; nt < NTN; ++nt) {
+                    float gv[4];
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float gs = g_tile[nt * 8 + 2 * c4 + j];
+                        dw0 += gs * fmaxf(acc[nt][j], 0.0f);
+                        dw1 += gs * fmaxf(acc[nt][2 + j], 0.0f);
+                        gv[j] = acc[nt][j] > 0.0f ? gs * w0 : 0.0f;
+                        gv[2 + j] = acc[nt][2 + j] > 0.0f ? gs * w1 : 0.0f;
+                    }
+                    const u32 lo = pack_bf16(gv[0], gv[1]), hi = pack_bf16(gv[2], gv[3]);
+                    gf[nt / 2][(nt & 1) * 2 + 0] = lo;  // rows g: a0 (slots 2c) / a2 (slots 8+2c)
+                    gf[nt / 2][(nt & 1) * 2 + 1] = hi;  // rows g+8: a1 / a3
+                    *reinterpret_cast<u32*>(sG + (warp * 16 + g) * LDG + nt * 8 + 2 * c4) = lo;
+                    *reinterpret_cast<u32*>(sG + (warp * 16 + g + 8) * LDG + nt * 8 + 2 * c4) = hi;
+                }
+#pragma unroll
+                for (int ks = 0; ks < NTN / 2; ++ks) {
+#pragma unroll
+                    for (int dn = 0; dn < NDT; dn += 2) {
+                        u32 bb[4];  // kv[slot][d] as B (k = slot, n = d): d tiles dn, dn+1
+                        ldmatrix_x4_trans(bb, kv_tile + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dn * 8 + (lane >> 4) * 8);
+                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                        mma_bf16_16816(dq_acc[dn], gf[ks], b0);
+                        mma_bf16_16816(dq_acc[dn + 1], gf[ks], b1);
+                    }
+                }
+            }
+            __syncthreads();  // sG complete (rows [0, HPAD): one 16-row block per warp < MT)
+
+            // ---- 2. dkv rows of this warp's 16 slots: G^T q -----------------------------------
+            const int t0 = warp * 16;
+            const int key_lo = key_tile[t0 + g], key_hi = key_tile[t0 + g + 8];
+            const bool any = __any_sync(DSV4_FULL_MASK, key_lo >= 0 || key_hi >= 0);
+            float kacc[NDT][4];
+#pragma unroll
+            for (int i = 0; i < NDT; ++i) kacc[i][0] = kacc[i][1] = kacc[i][2] = kacc[i][3] = 0.0f;
+            if (any) {
+#pragma unroll
+                for (int kh = 0; kh < MT; ++kh) {
+                    u32 a[4];  // G^T [slot][head] from sG [head][slot]
+                    ldmatrix_x4_trans(a, sG + (kh * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDG + t0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                    for (int dn = 0; dn < NDT; dn += 2) {
+                        u32 bb[4];  // q[h][d] as B (k = head, n = d)
+                        ldmatrix_x4_trans(bb, sq + (kh * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dn * 8 + (lane >> 4) * 8);
+                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                        mma_bf16_16816(kacc[dn], a, b0);
+                        mma_bf16_16816(kacc[dn + 1], a, b1);
+                    }
+                }
+            }
+            if (!det) {
+                if (any) {
+#pragma unroll
+                    for (int dn = 0; dn < NDT; ++dn) {
+                        const int d = dn * 8 + 2 * c4;
+                        if (d < D) {
+                            // D even: d + 1 < D too, and (key*D + d) is even (8-byte aligned).
+                            if (key_lo >= 0) {
+                                float* dst = dkv + static_cast<i64>(key_lo) * D + d;
+                                if (D % 2 == 0) add2(dst, kacc[dn][0], kacc[dn][1], true);
+                                else {
+                                    atomicAdd(dst, kacc[dn][0]);
+                                    if (d + 1 < D) atomicAdd(dst + 1, kacc[dn][1]);
+                                }
+                            }
+                            if (key_hi >= 0) {
+                                float* dst = dkv + static_cast<i64>(key_hi) * D + d;
+                                if (D % 2 == 0) add2(dst, kacc[dn][2], kacc[dn][3], true);
+                                else {
+                                    atomicAdd(dst, kacc[dn][2]);
+                                    if (d + 1 < D) atomicAdd(dst + 1, kacc[dn][3]);
+                                }
+                            }
+                        }
+                    }
+                }
+            } else {
+                // Stage the tile's dkv rows, then add them in a fixed order.
+#pragma unroll
+                for (int dn = 0; dn < NDT; ++dn) {
+                    const int d = dn * 8 + 2 * c4;
+                    *reinterpret_cast<float2*>(sdkv + (t0 + g) * LDF + d) = make_float2(kacc[dn][0], kacc[dn][1]);
+                    *reinterpret_cast<float2*>(sdkv + (t0 + g + 8) * LDF + d) = make_float2(kacc[dn][2], kacc[dn][3]);
+                }
+                // Does a valid key repeat within the tile? (thread j checks slot j against
+                // the earlier slots.) The barrier also publishes sdkv.
+                bool dup = false;
+                if (tid < BN) {
+                    const int kj = key_tile[tid];
+                    if (kj >= 0)
+                        for (int i = 0; i < tid; ++i) dup |= key_tile[i] == kj;
+                }
+                if (__syncthreads_or(dup)) {
+                    // Owner of column d adds the slots in order.
+                    for (int d = tid; d < D; d += NTHREADS) {
+                        for (int j = 0; j < BN; ++j) {
+                            const int key = key_tile[j];
+                            if (key >= 0) dkv[static_cast<i64>(key) * D + d] += sdkv[j * LDF + d];
+                        }
+                    }
+                } else {
+                    // Every address once: batches of 8 independent read-modify-writes.
+                    constexpr int BATCH = 8;
+                    for (int e0 = 0; e0 < BN * D; e0 += NTHREADS * BATCH) {
+                        float v[BATCH];
+                        float* dst[BATCH];
+#pragma unroll
+                        for (int u = 0; u < BATCH; ++u) {
+                            const int e = e0 + u * NTHREADS + tid;
+                            const int j = e / D, d = e % D;
+                            const int key = e < BN * D ? key_tile[j] : -1;
+                            dst[u] = key >= 0 ? dkv + static_cast<i64>(key) * D + d : nullptr;
+                            v[u] = dst[u] ? *dst[u] + sdkv[j * LDF + d] : 0.0f;
+                        }
+#pragma unroll
+                        for (int u = 0; u < BATCH; ++u)
+                            if (dst[u]) *dst[u] = v[u];
+                    }
+                }
+            }
+            __syncthreads();  // skv[buf], sG, sdkv, skey/sg[buf] are rewritten next
+        }
+
+        // ---- dq (bf16) and dw of this query, from the registers -------------------------------
+        if (warp < MT) {
+            const i64 row = b * p.S + s;
+            bf16* dq_row = p.dq + row * H * D;
+            const int h0 = warp * 16 + g, h1 = h0 + 8;
+#pragma unroll
+            for (int dn = 0; dn < NDT; ++dn) {
+                const int d = dn * 8 + 2 * c4;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int h = half ? h1 : h0;
+                    if (h < H && d < D) {
+                        const float x = dq_acc[dn][2 * half], y = dq_acc[dn][2 * half + 1];
+                        bf16* dst = dq_row + h * D + d;
+                        if (D % 2 == 0) {
+                            *reinterpret_cast<u32*>(dst) = pack_bf16(x, y);
+                        } else {
+                            dst[0] = from_f32<bf16>(x);
+                            if (d + 1 < D) dst[1] = from_f32<bf16>(y);
+                        }
+                    }
+                }
+            }
+            dw0 += __shfl_xor_sync(DSV4_FULL_MASK, dw0, 1);
+            dw0 += __shfl_xor_sync(DSV4_FULL_MASK, dw0, 2);
+            dw1 += __shfl_xor_sync(DSV4_FULL_MASK, dw1, 1);
+            dw1 += __shfl_xor_sync(DSV4_FULL_MASK, dw1, 2);
+            if (c4 == 0) {
+                if (h0 < H) p.dw[row * H + h0] = dw0;
+                if (h1 < H) p.dw[row * H + h1] = dw1;
+            }
+        }
+        // The last tile ended with a barrier: sq and sw may be reloaded (T == 0: nothing
+        // read them; the q copy is drained before it is issued again).
+        if (n_tiles == 0) cp_async_wait<0>();
+    }
+}
