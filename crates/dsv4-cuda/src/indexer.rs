@@ -672,8 +672,27 @@ fn bwd_smem_bytes(h: usize, d: usize) -> usize {
     (2 * h * d + BWD_NS * d + 2 * BWD_NS * h + hg * BWD_NS * d + 2 * h + BWD_NS) * 4 + BWD_NS * 4
 }
 
+/// Threads of `bwd_mma.cu` (4 warps) and its slots per tile.
+const BWD_MMA_THREADS: u32 = 128;
+const BWD_MMA_BN: usize = 64;
+
+/// Whether `bwd_mma.cu` takes the shape: its dq / dkv accumulators live in registers.
+fn bwd_mma_fits(h: usize, d: usize) -> bool {
+    (1..=64).contains(&h) && (1..=128).contains(&d)
+}
+
+/// Mirrors SMEM_BASE / SMEM_DET of bwd_mma.cu.
+fn bwd_mma_smem_bytes(h: usize, d: usize, deterministic: bool) -> usize {
+    let hpad = h.div_ceil(16) * 16;
+    let dpad = d.div_ceil(16) * 16;
+    let (lds, ldg, ldf) = (dpad + 8, BWD_MMA_BN + 8, dpad + 8);
+    let base = (hpad * lds + 2 * BWD_MMA_BN * lds + hpad * ldg) * 2 + hpad * 4 + 2 * BWD_MMA_BN * 4 + 2 * BWD_MMA_BN * 4;
+    base + if deterministic { BWD_MMA_BN * ldf * 4 } else { 0 }
+}
+
 /// Backward of `topk_scores`: dq `[B,S,H,D]` bf16, dweights `[B,S,H]` f32, dpooled_kv
 /// `[B,P,D]` f32 (atomics, or a fixed-order reduction when `a.deterministic`).
+/// Tensor cores (`bwd_mma.cu`) for H <= 64, D <= 128; CUDA cores (`bwd.cu`) beyond.
 pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut) -> Result<()> {
     const OP: &str = "indexer_topk_scores_backward";
     let f = &a.fwd;
@@ -684,7 +703,8 @@ pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut Te
     let sh = shape_of(OP, f)?;
     let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
     let t = a.topk_indices.shape()[2];
-    let smem = bwd_smem_bytes(h, d);
+    let mma = bwd_mma_fits(h, d);
+    let smem = if mma { bwd_mma_smem_bytes(h, d, a.deterministic) } else { bwd_smem_bytes(h, d) };
     let limit = gpu.props().max_shared_per_block_optin as usize;
     if smem > limit {
         return Err(unavailable(OP, format!("H = {h}, D = {d} need {smem} bytes of shared memory per CTA; the device allows {limit}")));
@@ -708,10 +728,19 @@ pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut Te
         gpu.zero(dkv_ptr, dkv_bytes)?;
         (s, 1, None)
     };
-    let (q, kv, w, tk, g) = (strides_i64(&f.q), strides_i64(&f.pooled_kv), strides_i64(&f.weights), strides_i64(&a.topk_indices), strides_i64(&a.grad));
+    let (mut q, mut kv, w, tk, g) = (strides_i64(&f.q), strides_i64(&f.pooled_kv), strides_i64(&f.weights), strides_i64(&a.topk_indices), strides_i64(&a.grad));
+    // Tensor cores: q and pooled_kv as 16-byte rows (packed when they are not), d-stride 1.
+    let (q_ptr, kv_ptr, _packed) = if mma {
+        let (tq, tkv) = (tc_operand(gpu, OP, &f.q)?, tc_operand(gpu, OP, &f.pooled_kv)?);
+        q = vec![tq.strides[0], tq.strides[1], tq.strides[2], 1];
+        kv = vec![tkv.strides[0], tkv.strides[1], 1];
+        (tq.ptr, tkv.ptr, Some((tq, tkv)))
+    } else {
+        (f.q.address(), f.pooled_kv.address(), None)
+    };
     let prm = IndexerBwdParams {
-        q: f.q.address(),
-        kv: f.pooled_kv.address(),
+        q: q_ptr,
+        kv: kv_ptr,
         w: f.weights.address(),
         topk: a.topk_indices.address(),
         grad: a.grad.address(),
@@ -749,13 +778,26 @@ pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut Te
         deterministic: workspace.is_some() as i32,
         scale: f.softmax_scale,
     };
-    let k = gpu.kernel("indexer/bwd.cu", "indexer_bwd", &[])?;
-    // SAFETY: q, pooled_kv, weights, topk, grad are live device views read at their own
-    // strides; dq/dw are contiguous outputs of [B,S,H,D] / [B,S,H]; dkv is the zeroed
-    // [B,P,D] output (atomic) or the zeroed [B, n_chunks, P, D] workspace whose chunk
-    // count matches the grid; shared memory is bwd_smem_bytes(H, D); the params type is
-    // the entry's.
-    unsafe { k.launch([grid_dim(OP, "query chunks", n_chunks)?, grid_dim(OP, "batch", b)?, 1], [BWD_THREADS as u32, 1, 1], smem as u32, &prm)? };
+    let grid = [grid_dim(OP, "query chunks", n_chunks)?, grid_dim(OP, "batch", b)?, 1];
+    if mma {
+        let k = gpu.kernel("indexer/bwd_mma.cu", "indexer_bwd_mma", &[("IDX_H", h.to_string()), ("IDX_D", d.to_string())])?;
+        // SAFETY: q / pooled_kv are 16-byte rows readable to round_up(D, 8) (tc_operand,
+        // alive in `_packed` until after the launch is queued; scratch frees are stream
+        // ordered), weights, topk, grad are live device views read at their own strides;
+        // dq/dw are contiguous outputs of [B,S,H,D] / [B,S,H]; dkv is the zeroed [B,P,D]
+        // output (atomic) or the zeroed [B, n_chunks, P, D] workspace whose chunk count
+        // matches the grid; shared memory is bwd_mma_smem_bytes(H, D, deterministic) for
+        // these defines; the params type is the entry's.
+        unsafe { k.launch(grid, [BWD_MMA_THREADS, 1, 1], smem as u32, &prm)? };
+    } else {
+        let k = gpu.kernel("indexer/bwd.cu", "indexer_bwd", &[])?;
+        // SAFETY: q, pooled_kv, weights, topk, grad are live device views read at their own
+        // strides; dq/dw are contiguous outputs of [B,S,H,D] / [B,S,H]; dkv is the zeroed
+        // [B,P,D] output (atomic) or the zeroed [B, n_chunks, P, D] workspace whose chunk
+        // count matches the grid; shared memory is bwd_smem_bytes(H, D); the params type is
+        // the entry's.
+        unsafe { k.launch(grid, [BWD_THREADS as u32, 1, 1], smem as u32, &prm)? };
+    }
     if let Some(ws) = &workspace {
         let rp = IndexerBwdReduceParams { partial: ws.ptr(), dkv: dkv_ptr, n: (p * d) as i64, b: sh.b, n_chunks: to_i32(OP, "chunks", n_chunks)? };
         let kr = gpu.kernel("indexer/bwd.cu", "indexer_bwd_reduce", &[])?;

@@ -1,35 +1,70 @@
-// Sinkhorn forward (SPEC.md section 4): one pass over x, f32.
+// Sinkhorn forward (SPEC.md section 4): one pass over x, f32, one thread per matrix.
 //   y = softmax(x, rows) + eps
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)
-// Block: blockDim.x lanes = blockDim.x / G matrices per sweep, grid-stride over matrices.
+// Sums run in index order from eps (as the reference); each denominator is inverted once
+// (IEEE round-to-nearest reciprocal) and multiplies its row / column.
 //
-// dsv4-test-defines: SINKHORN_N=8
+// dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1
+// dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
-extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
-    const int row = threadIdx.x % G;                 // i: the row this lane holds
-    const i64 per_sweep = (i64)gridDim.x * (blockDim.x / G);
-    // Every lane of a warp runs the same number of sweeps (the shuffles need the whole
-    // warp); lanes past the last matrix compute on zeros and store nothing.
-    const i64 warp_first = ((i64)blockIdx.x * blockDim.x + (threadIdx.x & ~31)) / G;
-    for (i64 base = warp_first; base < p.matrices; base += per_sweep) {
-        const i64 m = base + (threadIdx.x & 31) / G;
-        const bool valid = m < p.matrices && row < N;
-        float x[N], y[N];
-        load_row(p.x, p.x_layout, m, row, valid, x);
-        softmax_row(x, y);
+// y[i][:] /= (sum_j y[i][j] + eps)
+__device__ __forceinline__ void row_step(float (&y)[NN], float eps) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) y[j] = valid ? y[j] + p.eps : 0.f;  // y = z + eps
-        for (int k = 0; k < 2 * p.repeat - 1; ++k) step(y, is_row_step(k), p.eps);
-        if (valid) {
-            float* o = p.out + m * (N * N) + row * N;
+    for (int i = 0; i < N; ++i) {
+        float d = eps;
 #pragma unroll
-            for (int j = 0; j < N; ++j) o[j] = y[j];
-        }
+        for (int j = 0; j < N; ++j) d = __fadd_rn(d, y[i * N + j]);
+        const float inv = __frcp_rn(d);
+#pragma unroll
+        for (int j = 0; j < N; ++j) y[i * N + j] = __fmul_rn(y[i * N + j], inv);
     }
+}
+
+// y[:][j] /= (sum_i y[i][j] + eps)
+__device__ __forceinline__ void col_step(float (&y)[NN], float eps) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float d = eps;
+#pragma unroll
+        for (int i = 0; i < N; ++i) d = __fadd_rn(d, y[i * N + j]);
+        const float inv = __frcp_rn(d);
+#pragma unroll
+        for (int i = 0; i < N; ++i) y[i * N + j] = __fmul_rn(y[i * N + j], inv);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
+    const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= p.matrices) return;
+    float y[NN];
+    load_matrix(p.x, p.x_layout, m, y);
+    // Softmax over each row, then + eps.
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        float mx = y[i * N];
+#pragma unroll
+        for (int j = 1; j < N; ++j) mx = fmaxf(mx, y[i * N + j]);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            y[i * N + j] = expf(y[i * N + j] - mx);
+            s = __fadd_rn(s, y[i * N + j]);
+        }
+        const float inv = __frcp_rn(s);
+#pragma unroll
+        for (int j = 0; j < N; ++j) y[i * N + j] = __fadd_rn(__fmul_rn(y[i * N + j], inv), p.eps);
+    }
+    col_step(y, p.eps);
+    for (int k = 1; k < p.repeat; ++k) {
+        row_step(y, p.eps);
+        col_step(y, p.eps);
+    }
+    store_matrix(p.out, m, y);
 }

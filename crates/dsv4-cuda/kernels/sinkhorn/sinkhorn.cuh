@@ -1,9 +1,11 @@
 // Sinkhorn normalisation of n x n matrices (SPEC.md section 4): params and the maths
 // shared by the forward and the backward.
 //
-// Layout: a group of G = pow2ceil(n) lanes per matrix, lane r holding row r in registers
-// (lanes r >= n hold zeros and take part in the column sums only). Row sums are
-// lane-local; column sums are a butterfly over the group's lanes.
+// One thread per matrix: the whole n x n matrix lives in the thread's registers (n is a
+// compile-time define <= 8), so row and column sums are thread-local, summed in index
+// order as the reference does; every denominator is inverted once and the entries
+// multiplied by the inverse. No lane ever holds padding: threads past the last matrix
+// return before touching memory.
 #pragma once
 #include "common.cuh"
 
@@ -13,6 +15,15 @@
 #endif
 #if SINKHORN_N < 1 || SINKHORN_N > 8
 #error "SINKHORN_N must be in [1, 8]"
+#endif
+// 1: x (and, backward, dout) are contiguous [M, n, n] with 16-byte aligned bases and n*n a
+// multiple of 4, and out's base is 16-byte aligned: float4 loads and stores. 0: the
+// generic strided path (any layout of x and dout; out contiguous, scalar stores).
+#ifndef SINKHORN_VEC
+#define SINKHORN_VEC 0
+#endif
+#if SINKHORN_VEC && (SINKHORN_N * SINKHORN_N) % 4 != 0
+#error "SINKHORN_VEC needs n*n to be a multiple of 4"
 #endif
 
 #define SINKHORN_MAX_LEAD 6
@@ -42,13 +53,12 @@ DSV4_PARAMS_SIZE(SinkhornParams, 264);
 namespace sinkhorn {
 
 constexpr int N = SINKHORN_N;
-// Lanes per matrix: the next power of two >= n.
-constexpr int G = N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8;
+constexpr int NN = N * N;
 
-// Offset (elements) of element (m, i, 0). Innermost leading dim first; a contiguous
+// Offset (elements) of element (m, 0, 0). Innermost leading dim first; a contiguous
 // batch (one merged leading dim) costs one compare, no division.
-__device__ __forceinline__ i64 row_offset(const SinkhornLayout& l, i64 m, int i) {
-    i64 off = i * l.row_stride;
+__device__ __forceinline__ i64 matrix_offset(const SinkhornLayout& l, i64 m) {
+    i64 off = 0;
 #pragma unroll
     for (int d = SINKHORN_MAX_LEAD - 1; d >= 0; --d) {
         const i64 size = l.lead_size[d];
@@ -62,51 +72,36 @@ __device__ __forceinline__ i64 row_offset(const SinkhornLayout& l, i64 m, int i)
     return off;
 }
 
-__device__ __forceinline__ void load_row(const float* p, const SinkhornLayout& l, i64 m, int i, bool valid, float (&row)[N]) {
-    const i64 off = valid ? row_offset(l, m, i) : 0;
+// Matrix m as f32, row-major in `a`.
+__device__ __forceinline__ void load_matrix(const float* p, const SinkhornLayout& l, i64 m, float (&a)[NN]) {
+#if SINKHORN_VEC
+    (void)l;
+    const float4* q = reinterpret_cast<const float4*>(p + m * NN);
 #pragma unroll
-    for (int j = 0; j < N; ++j) row[j] = valid ? p[off + j * l.col_stride] : 0.f;
-}
-
-// z_j = exp(x_j - max x) / sum_k exp(x_k - max x)
-__device__ __forceinline__ void softmax_row(const float (&x)[N], float (&z)[N]) {
-    float mx = x[0];
-#pragma unroll
-    for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[j]);
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        z[j] = expf(x[j] - mx);
-        s += z[j];
+    for (int e = 0; e < NN / 4; ++e) {
+        const float4 v = __ldg(q + e);
+        a[4 * e] = v.x, a[4 * e + 1] = v.y, a[4 * e + 2] = v.z, a[4 * e + 3] = v.w;
     }
+#else
+    const float* b = p + matrix_offset(l, m);
 #pragma unroll
-    for (int j = 0; j < N; ++j) z[j] = z[j] / s;
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) a[i * N + j] = __ldg(b + i * l.row_stride + j * l.col_stride);
+#endif
 }
 
-// Steps 0 .. 2*repeat-2: step 0 and every even step normalise columns, odd steps rows.
-__device__ __forceinline__ bool is_row_step(int k) { return (k & 1) != 0; }
-
-// Denominators of a step over its input u: rows: den = sum_j u_ij + eps (this lane's row,
-// every entry the same); columns: den_j = sum_i u_ij + eps.
-__device__ __forceinline__ void denominators(const float (&u)[N], bool rows, float eps, float (&den)[N]) {
-    if (rows) {
-        float d = eps;
+// Matrix m of the contiguous [M, n, n] output.
+__device__ __forceinline__ void store_matrix(float* p, i64 m, const float (&a)[NN]) {
+#if SINKHORN_VEC
+    float4* q = reinterpret_cast<float4*>(p + m * NN);
 #pragma unroll
-        for (int j = 0; j < N; ++j) d += u[j];
+    for (int e = 0; e < NN / 4; ++e) q[e] = make_float4(a[4 * e], a[4 * e + 1], a[4 * e + 2], a[4 * e + 3]);
+#else
+    float* b = p + m * NN;
 #pragma unroll
-        for (int j = 0; j < N; ++j) den[j] = d;
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) den[j] = dsv4::group_sum(u[j], G) + eps;
-    }
-}
-
-// v = u / den  (one Sinkhorn step)
-__device__ __forceinline__ void step(float (&y)[N], bool rows, float eps) {
-    float den[N];
-    denominators(y, rows, eps, den);
-#pragma unroll
-    for (int j = 0; j < N; ++j) y[j] = y[j] / den[j];
+    for (int e = 0; e < NN; ++e) b[e] = a[e];
+#endif
 }
 
 }  // namespace sinkhorn
