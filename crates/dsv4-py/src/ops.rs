@@ -9,14 +9,12 @@
 //! does not overlap an input; the core validates shapes, dtypes, devices and output
 //! layouts before touching memory.
 
-use dsv4_core::backend::{common_device, select};
-use dsv4_core::check;
 use dsv4_core::ops::indexer::{self, IndexerArgs, IndexerTopkScoresBwdArgs};
 use dsv4_core::ops::qnorm_rope::{self, QNormRopeArgs};
 use dsv4_core::ops::sinkhorn::{self, SinkhornArgs};
 use dsv4_core::ops::sparse_attention::{self as sa, BackwardImpl, SparseAttentionArgs, SparseAttentionBwdArgs, SparseIndices};
 use dsv4_core::ops::sparse_indices::{self as si, BuildIndicesArgs, SparseIndexPlan};
-use dsv4_core::{BackendName, DType, Device, TensorView};
+use dsv4_core::{BackendName, Device, TensorView};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -136,7 +134,6 @@ pub fn indexer_scores(py: Python<'_>, backend: &str, q: Desc, pooled_kv: Desc, w
 }
 
 /// Top-k of `[B,S,P]` f32 scores into `indices [B,S,min(k,P)]` i32 and `values` f32.
-/// (The core has no `_into` form of `indexer_topk`: validated here, then dispatched.)
 #[pyfunction]
 #[pyo3(signature = (*, backend, scores, k, indices, values))]
 pub fn indexer_topk(py: Python<'_>, backend: &str, scores: Desc, k: usize, indices: Desc, values: Desc) -> PyResult<()> {
@@ -144,17 +141,7 @@ pub fn indexer_topk(py: Python<'_>, backend: &str, scores: Desc, k: usize, indic
     let be = backend_name(backend)?;
     // SAFETY: see the module documentation.
     let (sv, mut iv, mut vv) = unsafe { (scores.view(OP, "scores")?, indices.view_mut(OP, "indices")?, values.view_mut(OP, "values")?) };
-    py.allow_threads(|| -> dsv4_core::Result<()> {
-        check::dtype(OP, "scores", &sv, &[DType::F32])?;
-        check::shape(OP, "scores", &sv, "[B,S,P]", &[None; 3])?;
-        check::at_least(OP, "k", k, 1)?;
-        let (b, s, p) = (sv.shape()[0], sv.shape()[1], sv.shape()[2]);
-        let kk = k.min(p);
-        check::output(OP, "indices", &iv, DType::I32, &[b, s, kk], None)?;
-        check::output(OP, "values", &vv, DType::F32, &[b, s, kk], None)?;
-        let device = common_device(OP, &[("scores", &sv), ("indices", &iv.as_view()), ("values", &vv.as_view())])?;
-        select(be, OP, device)?.indexer_topk(&sv, k, &mut iv, &mut vv)
-    })
+    py.allow_threads(|| indexer::indexer_topk_into(be, &sv, k, &mut iv, &mut vv))
     .py_err()
 }
 
@@ -170,24 +157,8 @@ pub fn lightning_indexer(py: Python<'_>, backend: &str, q: Desc, pooled_kv: Desc
     // SAFETY: see the module documentation.
     let (mut iv, mut vv) = unsafe { (indices.view_mut(OP, "indices")?, values.view_mut(OP, "values")?) };
     let a = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
-    py.allow_threads(|| -> dsv4_core::Result<()> {
-        let (dm, device) = a.validate()?;
-        check::at_least(OP, "k", k, 1)?;
-        let kk = k.min(dm.p);
-        check::output(OP, "indices", &iv, DType::I32, &[dm.b, dm.s, kk], None)?;
-        check::output(OP, "values", &vv, DType::F32, &[dm.b, dm.s, kk], None)?;
-        common_device(OP, &[("q", &a.q), ("indices", &iv.as_view()), ("values", &vv.as_view())])?;
-        select(be, OP, device)?.indexer_fused_topk(&a, k, &mut iv, &mut vv)
-    })
+    py.allow_threads(|| indexer::lightning_indexer_into(be, &a, k, &mut iv, &mut vv))
     .py_err()
-}
-
-fn check_topk_indices(op: &'static str, a: &IndexerArgs, topk_indices: &TensorView) -> dsv4_core::Result<(indexer::Dims, usize, Device)> {
-    let (dm, device) = a.validate()?;
-    check::dtype(op, "topk_indices", topk_indices, check::INTS)?;
-    check::shape(op, "topk_indices", topk_indices, "[B,S,T]", &[Some(dm.b), Some(dm.s), None])?;
-    common_device(op, &[("q", &a.q), ("topk_indices", topk_indices)])?;
-    Ok((dm, topk_indices.shape()[2], device))
 }
 
 /// Scores of a selection, `[B,S,T]` f32 (-inf where masked or not visible), into `out`.
@@ -200,11 +171,7 @@ pub fn indexer_topk_scores(py: Python<'_>, backend: &str, q: Desc, pooled_kv: De
     // SAFETY: see the module documentation.
     let (qv, kvv, wv, tv, mut ov) = unsafe { (q.view(OP, "q")?, pooled_kv.view(OP, "pooled_kv")?, weights.view(OP, "weights")?, topk_indices.view(OP, "topk_indices")?, out.view_mut(OP, "out")?) };
     let a = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
-    py.allow_threads(|| -> dsv4_core::Result<()> {
-        let (dm, t, device) = check_topk_indices(OP, &a, &tv)?;
-        check::output(OP, "out", &ov, DType::F32, &[dm.b, dm.s, t], None)?;
-        select(be, OP, device)?.indexer_topk_scores(&a, &tv, &mut ov)
-    })
+    py.allow_threads(|| indexer::indexer_topk_scores_into(be, &a, &tv, &mut ov))
     .py_err()
 }
 
@@ -238,13 +205,7 @@ pub fn indexer_topk_scores_bwd(
     let (mut dqv, mut dwv, mut dkv) = unsafe { (dq.view_mut(OP, "dq")?, dweights.view_mut(OP, "dweights")?, dpooled_kv.view_mut(OP, "dpooled_kv")?) };
     let fwd = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
     let args = IndexerTopkScoresBwdArgs { fwd, topk_indices: tv, grad: gv, deterministic };
-    py.allow_threads(|| -> dsv4_core::Result<()> {
-        let (dm, _, device) = args.validate()?;
-        check::output(OP, "dq", &dqv, args.fwd.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
-        check::output(OP, "dweights", &dwv, DType::F32, &[dm.b, dm.s, dm.h], None)?;
-        check::output(OP, "dpooled_kv", &dkv, DType::F32, &[dm.b, dm.p, dm.d], None)?;
-        select(be, OP, device)?.indexer_topk_scores_bwd(&args, &mut dqv, &mut dwv, &mut dkv)
-    })
+    py.allow_threads(|| indexer::indexer_topk_scores_backward_into(be, &args, &mut dqv, &mut dwv, &mut dkv))
     .py_err()
 }
 

@@ -110,19 +110,35 @@ fn validate_k(op: &'static str, k: usize) -> Result<()> {
     check::at_least(op, "k", k, 1)
 }
 
-/// Top-k of `[B,S,P]` f32 scores: `(indices [B,S,min(k,P)] i32, values f32)` (SPEC.md 3).
-pub fn indexer_topk(backend: BackendName, scores: &TensorView, k: usize) -> Result<(Tensor, Tensor)> {
+/// Checks of `indexer_topk`: returns `(b, s, min(k, P), device)`.
+fn validate_topk_input(scores: &TensorView, k: usize) -> Result<(usize, usize, usize, Device)> {
     const OP: &str = "indexer_topk";
     check::dtype(OP, "scores", scores, &[DType::F32])?;
     check::shape(OP, "scores", scores, "[B,S,P]", &[None; 3])?;
     validate_k(OP, k)?;
-    let (b, s, p) = (scores.shape()[0], scores.shape()[1], scores.shape()[2]);
-    let be = select(backend, OP, scores.device())?;
-    let kk = k.min(p);
-    let mut idx = alloc_output(be, DType::I32, &[b, s, kk], scores.device())?;
-    let mut val = alloc_output(be, DType::F32, &[b, s, kk], scores.device())?;
+    Ok((scores.shape()[0], scores.shape()[1], k.min(scores.shape()[2]), scores.device()))
+}
+
+fn check_selection_outputs(op: &'static str, device: Device, shape: [usize; 3], indices: &TensorViewMut, values: &TensorViewMut) -> Result<()> {
+    check::output_on(op, "indices", indices, device, DType::I32, &shape, None)?;
+    check::output_on(op, "values", values, device, DType::F32, &shape, None)
+}
+
+/// Top-k of `[B,S,P]` f32 scores: `(indices [B,S,min(k,P)] i32, values f32)` (SPEC.md 3).
+pub fn indexer_topk(backend: BackendName, scores: &TensorView, k: usize) -> Result<(Tensor, Tensor)> {
+    let (b, s, kk, device) = validate_topk_input(scores, k)?;
+    let be = select(backend, "indexer_topk", device)?;
+    let mut idx = alloc_output(be, DType::I32, &[b, s, kk], device)?;
+    let mut val = alloc_output(be, DType::F32, &[b, s, kk], device)?;
     be.indexer_topk(scores, k, &mut idx.view_mut(), &mut val.view_mut())?;
     Ok((idx, val))
+}
+
+/// `indexer_topk` into caller memory.
+pub fn indexer_topk_into(backend: BackendName, scores: &TensorView, k: usize, indices: &mut TensorViewMut, values: &mut TensorViewMut) -> Result<()> {
+    let (b, s, kk, device) = validate_topk_input(scores, k)?;
+    check_selection_outputs("indexer_topk", device, [b, s, kk], indices, values)?;
+    select(backend, "indexer_topk", device)?.indexer_topk(scores, k, indices, values)
 }
 
 /// Scores and top-k in one call (the lightning indexer's forward): returns
@@ -140,6 +156,15 @@ pub fn lightning_indexer(backend: BackendName, a: &IndexerArgs, k: usize) -> Res
     Ok((idx, val))
 }
 
+/// `lightning_indexer` into caller memory.
+pub fn lightning_indexer_into(backend: BackendName, a: &IndexerArgs, k: usize, indices: &mut TensorViewMut, values: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "lightning_indexer";
+    let (dm, device) = a.validate()?;
+    validate_k(OP, k)?;
+    check_selection_outputs(OP, device, [dm.b, dm.s, k.min(dm.p)], indices, values)?;
+    select(backend, OP, device)?.indexer_fused_topk(a, k, indices, values)
+}
+
 /// Scores of a selection, `[B,S,T]` f32 (-inf where masked or not causally visible).
 pub fn indexer_topk_scores(backend: BackendName, a: &IndexerArgs, topk_indices: &TensorView) -> Result<Tensor> {
     let (dm, t, device) = a.validate_topk(topk_indices)?;
@@ -147,6 +172,13 @@ pub fn indexer_topk_scores(backend: BackendName, a: &IndexerArgs, topk_indices: 
     let mut out = alloc_output(be, DType::F32, &[dm.b, dm.s, t], device)?;
     be.indexer_topk_scores(a, topk_indices, &mut out.view_mut())?;
     Ok(out)
+}
+
+/// `indexer_topk_scores` into caller memory.
+pub fn indexer_topk_scores_into(backend: BackendName, a: &IndexerArgs, topk_indices: &TensorView, out: &mut TensorViewMut) -> Result<()> {
+    let (dm, t, device) = a.validate_topk(topk_indices)?;
+    check::output_on("indexer_topk_scores", "out", out, device, DType::F32, &[dm.b, dm.s, t], None)?;
+    select(backend, "indexer_topk_scores", device)?.indexer_topk_scores(a, topk_indices, out)
 }
 
 /// Backward of `indexer_topk_scores`: `(dq (q's dtype), dweights f32, dpooled_kv f32)`.
@@ -158,4 +190,14 @@ pub fn indexer_topk_scores_backward(backend: BackendName, a: &IndexerTopkScoresB
     let mut dkv = alloc_output(be, DType::F32, &[dm.b, dm.p, dm.d], device)?;
     be.indexer_topk_scores_bwd(a, &mut dq.view_mut(), &mut dw.view_mut(), &mut dkv.view_mut())?;
     Ok((dq, dw, dkv))
+}
+
+/// `indexer_topk_scores_backward` into caller memory.
+pub fn indexer_topk_scores_backward_into(backend: BackendName, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dweights: &mut TensorViewMut, dpooled_kv: &mut TensorViewMut) -> Result<()> {
+    const OP: &str = "indexer_topk_scores_backward";
+    let (dm, _, device) = a.validate()?;
+    check::output_on(OP, "dq", dq, device, a.fwd.q.dtype(), &[dm.b, dm.s, dm.h, dm.d], None)?;
+    check::output_on(OP, "dweights", dweights, device, DType::F32, &[dm.b, dm.s, dm.h], None)?;
+    check::output_on(OP, "dpooled_kv", dpooled_kv, device, DType::F32, &[dm.b, dm.p, dm.d], None)?;
+    select(backend, OP, device)?.indexer_topk_scores_bwd(a, dq, dweights, dpooled_kv)
 }
