@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (run from the repository root there) that does everything
+# a lease allows in one go, staged here beforehand by:
+#   bash scripts/gpu-build.sh && bash scripts/py-gpu-wheel.sh
+#   cp .dev/wheels/*.whl <nemo_automodel-0.7.0 wheel> .whl/     (both git-ignored)
+# and carried as `.dev/gpu` and `.whl`. Steps (each logged under $OUT):
+#   1. scripts/gpu-test.sh       Rust GPU tests, golden through cuda, memcheck, dsv4 check
+#   2. dsv4 bench all --json     timings
+#   3. pytest                    the Python package on CUDA: GPU tests, seeds parity
+#                                (nemo-automodel's own torch references), torch.compile
+# Env: DSV4_SANITIZER=0 skips memcheck; DSV4_STEPS="test bench py" picks steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-.dev/out}
+mkdir -p "$out"
+steps=${DSV4_STEPS:-test bench py}
+status=0
+
+if [[ " $steps " == *" test "* ]]; then
+  timeout "${DSV4_TEST_TIMEOUT:-360}" bash scripts/gpu-test.sh > /dev/null 2>&1 || status=1
+  grep -E "^=== |^test result|golden:|FAIL|panicked|checks:|gpu-test:" "$out/gpu-test.log" | grep -v "^=== .*: \.dev" | head -60
+fi
+if [[ " $steps " == *" bench "* ]]; then
+  timeout "${DSV4_BENCH_TIMEOUT:-200}" .dev/gpu/dsv4 bench all --iters 20 > "$out/bench.txt" 2>&1 || { echo "bench failed"; status=1; }
+  .dev/gpu/dsv4 info > "$out/info.txt" 2>&1
+  cat "$out/bench.txt" | cut -c1-150 | tail -45
+fi
+if [[ " $steps " == *" py "* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$out/pip.txt" 2>&1 || { echo "pip install failed"; cat "$out/pip.txt"; }
+  export PYTHONPATH=/tmp/site:python/tests DSV4_SHARED_DIR=$PWD/.dev/gpu PYTHONUNBUFFERED=1
+  timeout "${DSV4_PY_TIMEOUT:-300}" python3 -m pytest -q -rs -s python/tests > "$out/pytest.txt" 2>&1 || status=1
+  grep -E "passed|failed|error|FAILED|Error|sparse_attention S=|indexer|sinkhorn m=|qnorm_rope:" "$out/pytest.txt" | tail -30
+fi
+echo "gpu-round: exit $status"
+exit $status
