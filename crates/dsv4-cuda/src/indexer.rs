@@ -12,9 +12,12 @@
 //!   beyond ~10.8K at H = 64, D = 128, k = 512; see [`FUSED_SMEM_BYTES`]) fall back to
 //!   scores of a bounded block of queries in a scratch (at most [`FUSED_SCRATCH_BYTES`])
 //!   followed by `topk`, block after block.
-//! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection).
-//! - `topk_scores_backward`: `bwd.cu`, CUDA-core products, dkv by atomics or by per-CTA
-//!   partial slices summed in a fixed order (deterministic).
+//! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection;
+//!   the indices are fetched two tiles ahead of the row copies).
+//! - `topk_scores_backward`: `bwd_mma.cu` on tensor cores for H <= 64, D <= 128 (per query
+//!   and 64-slot tile: A = q kv^T, G = g*scale*w*[A>0], dq += G kv, dkv_tile = G^T q), else
+//!   `bwd.cu` on CUDA cores; dkv by atomics or by per-CTA partial slices summed in a fixed
+//!   order (deterministic).
 //!
 //! q and pooled_kv must be bf16; inputs may have any strides (the tensor-core loaders read
 //! 16-byte rows; other layouts are first packed by `pack.cu`). Outputs are contiguous.
@@ -372,11 +375,12 @@ impl ScoresTiles {
     /// - nt: a warp keeps the B fragments of its NT*8 keys for all D/16 k-steps in
     ///   registers (reused across the H/16 m-tiles), 2*NT*D/16 registers: NT = 4 at
     ///   D = 128 (64 registers), fewer for larger D.
-    /// - bn: 64 keys per tile for dense scores (with bq = 2 queries: 4 warps, two of them
-    ///   per query, ~70 KB of shared memory at H = 64, D = 128: three CTAs per SM);
-    ///   128 slots in gather mode, where a CTA has one query and needs 4 warps from keys.
-    /// - bq: 2 queries per CTA amortise the key tile over two queries while keeping the
-    ///   causal waste of a query block small; both shrink until shared memory fits.
+    /// - bn: 64 keys per tile for dense scores (with bq = 4 queries: 8 warps, two of them
+    ///   per query, ~104 KB of shared memory at H = 64, D = 128: two CTAs, 16 warps per
+    ///   SM); 128 slots in gather mode, where a CTA has one query and needs 4 warps from keys.
+    /// - bq: 4 queries per CTA amortise each key tile (its L2 traffic, copies and barriers)
+    ///   over four queries while keeping the causal waste of a query block small (the
+    ///   fused top-k takes 2, for its rows of scores); both shrink until shared memory fits.
     fn choose(gpu: &Gpu, op: &'static str, h: usize, d: usize, gather: bool) -> Result<ScoresTiles> {
         if d > 512 {
             return Err(unavailable(op, format!("head_dim D = {d}: the tensor-core indexer kernels take D <= 512")));
@@ -385,7 +389,7 @@ impl ScoresTiles {
             return Err(unavailable(op, format!("H = {h} heads: the tensor-core indexer kernels take H <= 1024")));
         }
         let nt = warp_n_tiles(d);
-        let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 2 }, bn: if gather { 128 } else { 64 }, nt, gather, fused: None };
+        let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 4 }, bn: if gather { 128 } else { 64 }, nt, gather, fused: None };
         let limit = gpu.props().max_shared_per_block_optin as usize;
         while t.smem_bytes() > limit && t.bq > 1 {
             t.bq -= 1;
@@ -606,7 +610,9 @@ pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut,
         return Ok(());
     }
     let mut inp = scores_inputs(gpu, OP, a, false)?;
-    let fused = ScoresTiles { fused: Some((p, kk.next_power_of_two())), ..inp.tiles };
+    // Two queries per CTA (not the dense four): their rows of P scores stay in shared
+    // memory, two CTAs per SM up to P ~ 4K at H = 64, D = 128.
+    let fused = ScoresTiles { bq: inp.tiles.bq.min(2), fused: Some((p, kk.next_power_of_two())), ..inp.tiles };
     if fused.smem_bytes() > FUSED_SMEM_BYTES.min(gpu.props().max_shared_per_block_optin as usize) {
         drop(inp);
         return chunked_topk(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES);
@@ -703,7 +709,10 @@ pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut Te
     let sh = shape_of(OP, f)?;
     let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
     let t = a.topk_indices.shape()[2];
-    let mma = bwd_mma_fits(h, d);
+    // bwd_mma.cu writes dq pairs as 4-byte words and adds dkv pairs as 8-byte vectors
+    // when D is even: it needs dq and the atomic target aligned to match.
+    let aligned = d % 2 == 1 || (dq.as_view().address().is_multiple_of(4) && (a.deterministic || dkv.as_view().address().is_multiple_of(8)));
+    let mma = bwd_mma_fits(h, d) && aligned;
     let smem = if mma { bwd_mma_smem_bytes(h, d, a.deterministic) } else { bwd_smem_bytes(h, d) };
     let limit = gpu.props().max_shared_per_block_optin as usize;
     if smem > limit {
@@ -824,6 +833,17 @@ mod tests {
         let f = ScoresTiles { fused: Some((1024, 512)), ..t };
         assert_eq!(f.smem_bytes(), base + 2304 + 512 * 8 + 2 * 1024 * 4);
         assert!(f.smem_bytes() <= FUSED_SMEM_BYTES);
+    }
+
+    #[test]
+    fn bwd_mma_smem_mirrors_the_kernel_formula() {
+        // H = 64, D = 128: sq 64x136, skv 2x64x136, sG 64x72 bf16; sw 64, sg 2x64, skey 2x64.
+        let base = (64 * 136 + 2 * 64 * 136 + 64 * 72) * 2 + 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4;
+        assert_eq!(bwd_mma_smem_bytes(64, 128, false), base);
+        assert_eq!(bwd_mma_smem_bytes(64, 128, true), base + 64 * 136 * 4);
+        // Two CTAs per SM on Hopper even when deterministic.
+        assert!(2 * bwd_mma_smem_bytes(64, 128, true) <= 227 << 10);
+        assert!(bwd_mma_fits(64, 128) && bwd_mma_fits(3, 20) && !bwd_mma_fits(65, 128) && !bwd_mma_fits(8, 136));
     }
 
     #[test]

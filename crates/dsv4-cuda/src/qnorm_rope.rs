@@ -1,9 +1,11 @@
 //! Q RMSNorm + partial interleaved RoPE on the GPU (SPEC.md section 5): launchers for
 //! `kernels/qnorm_rope/{fwd,bwd}.cu`.
 //!
-//! One warp per `(b, s, h)` row, staged in shared memory; 16-byte vector accesses where
-//! the channel stride is 1 and every row starts 16-byte aligned (decided here, passed as
-//! compile-time defines).
+//! Fast kernels where x (and grad) are bf16 with unit channel stride and 16-byte aligned
+//! rows, and the output is 16-byte aligned: a group of lanes per row holding the row in
+//! registers, several rows in flight (`*_fast`, shapes decided here as compile-time
+//! defines). Otherwise the generic kernels: one warp per `(b, s, h)` row, staged in shared
+//! memory, 16-byte vector accesses where the layout allows.
 
 use dsv4_core::ops::qnorm_rope::{token_major_strides, QNormRopeArgs};
 use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
@@ -110,6 +112,29 @@ fn is_bf16(t: DType) -> &'static str {
     }
 }
 
+/// Threads per block of the fast kernels.
+const FAST_THREADS: usize = 256;
+
+/// The fast kernels' shape for C channels: (lanes per row, 16-byte chunks per lane, rows per
+/// lane group in flight); None when C is not a multiple of 8 or exceeds 1024.
+fn fast_shape(c: usize) -> Option<(usize, usize, usize)> {
+    if c == 0 || !c.is_multiple_of(8) {
+        return None;
+    }
+    let chunks = c / 8;
+    let lpr = chunks.next_power_of_two().min(32);
+    let cpl = chunks.div_ceil(lpr);
+    (cpl <= 4).then_some((lpr, cpl, if cpl <= 2 { 2 } else { 1 }))
+}
+
+fn fast_defines(shape: (usize, usize, usize)) -> [(&'static str, String); 3] {
+    [("QR_LPR", shape.0.to_string()), ("QR_CPL", shape.1.to_string()), ("QR_U", shape.2.to_string())]
+}
+
+fn fast_grid(rows: usize, (lpr, _, u): (usize, usize, usize)) -> u32 {
+    rows.div_ceil(u).div_ceil(FAST_THREADS / lpr).max(1) as u32
+}
+
 fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
     rows.div_ceil(warps).min(gpu.props().sm_count as usize * 32).max(1) as u32
 }
@@ -124,9 +149,8 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
     if rows == 0 {
         return Ok(());
     }
-    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 1) else { return Err(too_wide(OP, gpu, dm.c, 1)) };
     let defines = [("QR_X_BF16", is_bf16(a.x.dtype()).to_string()), ("QR_X_VEC", vector_width(&a.x).to_string()), ("QR_O_VEC", out_vector_width(out).to_string())];
-    let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd", &defines)?;
+    let fast = fast_shape(dm.c).filter(|_| a.x.dtype() == DType::BF16 && vector_width(&a.x) == 8 && out_vector_width(out) == 8);
     let p = QNormRopeParams {
         x: a.x.address(),
         cos: a.cos.address(),
@@ -147,6 +171,19 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
         eps: a.eps,
         pad: 0,
     };
+    if let Some(shape) = fast {
+        let mut d = defines.to_vec();
+        d.extend(fast_defines(shape));
+        let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
+        // SAFETY: x is bf16 with unit channel stride and 16-byte aligned rows, C a multiple
+        // of 8 (vector_width, fast_shape): each 16-byte load lies in a row; cos and sin are
+        // validated [B,S,R] views; out is token-major [B,S,H,C] bf16 with a 16-byte
+        // aligned base (out_vector_width) and rstd contiguous [B*S*H] f32 (checked above);
+        // the kernel guards rows >= B*S*H and chunks >= C.
+        return unsafe { k.launch([fast_grid(rows, shape), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+    }
+    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 1) else { return Err(too_wide(OP, gpu, dm.c, 1)) };
+    let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd", &defines)?;
     // SAFETY: x, cos and sin are validated views ([B,H,S,C] / [B,S,R]) whose strides reach
     // only their own elements, and 16-byte accesses are enabled only where alignment and
     // unit channel stride were checked (vector_width); out is token-major [B,S,H,C] of x's
@@ -165,7 +202,6 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
     if rows == 0 {
         return Ok(());
     }
-    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 2) else { return Err(too_wide("qnorm_rope_backward", gpu, dm.c, 2)) };
     let defines = [
         ("QR_X_BF16", is_bf16(a.x.dtype()).to_string()),
         ("QR_G_BF16", is_bf16(grad.dtype()).to_string()),
@@ -173,7 +209,7 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         ("QR_G_VEC", vector_width(grad).to_string()),
         ("QR_O_VEC", out_vector_width(dx).to_string()),
     ];
-    let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd", &defines)?;
+    let fast = fast_shape(dm.c).filter(|_| a.x.dtype() == DType::BF16 && grad.dtype() == DType::BF16 && vector_width(&a.x) == 8 && vector_width(grad) == 8 && out_vector_width(dx) == 8);
     let p = QNormRopeParams {
         x: a.x.address(),
         cos: a.cos.address(),
@@ -194,6 +230,18 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         eps: a.eps,
         pad: 0,
     };
+    if let Some(shape) = fast {
+        let mut d = defines.to_vec();
+        d.extend(fast_defines(shape));
+        let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
+        // SAFETY: as in `forward`'s fast path, for x and grad (both bf16, unit channel
+        // stride, 16-byte aligned rows, checked by vector_width); rstd contiguous [B*S*H]
+        // f32; dx token-major bf16 with a 16-byte aligned base; the kernel guards rows >=
+        // B*S*H and chunks >= C.
+        return unsafe { k.launch([fast_grid(rows, shape), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+    }
+    let Some((warps, smem)) = warps_per_block(gpu, dm.c, 2) else { return Err(too_wide("qnorm_rope_backward", gpu, dm.c, 2)) };
+    let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd", &defines)?;
     // SAFETY: as in `forward`; grad is a validated logical [B,H,S,C] view (vector access
     // only where checked), rstd contiguous [B*S*H] f32, dx token-major of x's dtype; the
     // shared memory holds 2*C floats per warp as the kernel indexes.

@@ -1,9 +1,11 @@
 //! Sinkhorn normalisation on the GPU (SPEC.md section 4): launchers for
 //! `kernels/sinkhorn/{fwd,bwd}.cu`.
 //!
-//! A group of `G = pow2ceil(n)` lanes holds one matrix (lane i = row i); `n` is a
-//! compile-time define (1..=8). The backward recomputes the forward and keeps each step's
-//! input in shared memory, `(2*repeat - 1) * n` floats per lane.
+//! One thread per matrix, the whole `n x n` matrix in registers; `n` is a compile-time
+//! define (1..=8). float4 accesses where x (and dout) are contiguous and 16-byte aligned
+//! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps each
+//! step's `n` denominators in shared memory, `(2*repeat - 1) * n` doubles per thread
+//! (plus the matrix itself, `n*n` doubles, for n >= 7).
 
 use dsv4_core::ops::sinkhorn::SinkhornArgs;
 use dsv4_core::{Error, Result, TensorView, TensorViewMut};
@@ -50,9 +52,18 @@ const _: () = assert!(std::mem::size_of::<SinkhornParams>() == 264);
 
 pub const PARAMS_SIZES: &[(&str, usize)] = &[("SinkhornLayout", 112), ("SinkhornParams", 264)];
 
-/// Lanes per matrix for `n` (as `sinkhorn::G` in the header).
-fn group(n: usize) -> usize {
-    n.next_power_of_two()
+/// Whether `v` can take the float4 path: contiguous `[M, n, n]`, 16-byte aligned base,
+/// `n*n` a multiple of 4.
+fn vector_ok(n: usize, v: &TensorView) -> bool {
+    (n * n).is_multiple_of(4) && v.is_contiguous() && v.address().is_multiple_of(16)
+}
+
+/// Defines: n; float4 for x and out (`SINKHORN_VEC`, which needs out's base 16-byte
+/// aligned too); float4 for dout (`SINKHORN_DVEC`, backward).
+fn defines(n: usize, x: &TensorView, out: &TensorViewMut, dout: Option<&TensorView>) -> [(&'static str, String); 3] {
+    let vec = vector_ok(n, x) && out.address().is_multiple_of(16);
+    let dvec = dout.is_some_and(|d| vector_ok(n, d));
+    [("SINKHORN_N", n.to_string()), ("SINKHORN_VEC", (vec as u8).to_string()), ("SINKHORN_DVEC", (dvec as u8).to_string())]
 }
 
 /// The layout of a `[..., n, n]` view, its leading dims merged where the strides allow.
@@ -90,10 +101,11 @@ fn check_out(arg: &'static str, out: &TensorViewMut) -> Result<()> {
     Ok(())
 }
 
-/// Blocks for a grid-stride sweep: enough to fill the device a few times over.
-fn grid_for(gpu: &Gpu, matrices: usize, per_block: usize) -> u32 {
-    let needed = matrices.div_ceil(per_block);
-    needed.min(gpu.props().sm_count as usize * 16).max(1) as u32
+/// Threads per forward block (one matrix each).
+const FWD_THREADS: usize = 128;
+
+fn blocks(matrices: usize, threads: usize) -> u32 {
+    matrices.div_ceil(threads).max(1) as u32
 }
 
 pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<()> {
@@ -102,30 +114,35 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     if m == 0 {
         return Ok(());
     }
-    let k = gpu.kernel("sinkhorn/fwd.cu", "sinkhorn_fwd", &[("SINKHORN_N", n.to_string())])?;
+    let k = gpu.kernel("sinkhorn/fwd.cu", "sinkhorn_fwd", &defines(n, &a.x, out, None))?;
     let p = SinkhornParams { x: a.x.address(), dout: 0, out: out.address(), x_layout: layout(&a.x)?, dout_layout: SinkhornLayout::default(), matrices: m as i64, repeat: a.repeat as i32, eps: a.eps };
-    // 256 lanes: 256 / G matrices per block per sweep; the forward keeps nothing on chip.
-    let lanes = 256usize;
-    let grid = grid_for(gpu, m, lanes / group(n));
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
-    // reaches lies in its allocation; `out` is contiguous f32 of x's shape (M*n*n
-    // elements, checked above); the kernel is sinkhorn_fwd, which takes SinkhornParams.
-    unsafe { k.launch([grid, 1, 1], [lanes as u32, 1, 1], 0, &p) }
+    // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte
+    // aligned, vector_ok); `out` is contiguous f32 of x's shape (M*n*n elements, checked
+    // above); one thread per matrix, threads past M return; the kernel is sinkhorn_fwd,
+    // which takes SinkhornParams.
+    unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
-/// Lanes per block for the backward, and its shared-memory bytes: the largest block
-/// (256 down to 32 lanes) whose tape fits half an SM's shared memory, so two blocks can
-/// be resident; None when even 32 lanes exceed the per-block limit.
+/// Shared-memory bytes the backward needs per thread (one matrix).
+fn backward_bytes_per_thread(n: usize, repeat: usize) -> usize {
+    8 * ((2 * repeat - 1) * n + if n >= 7 { n * n } else { 0 })
+}
+
+/// Threads per backward block, and its shared-memory bytes: the largest block (128 down
+/// to 32 threads) of which four fit an SM's shared memory; else 32 threads if that fits the
+/// per-block limit; None when even 32 threads exceed it.
 pub fn backward_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
-    let per_lane = (2 * repeat - 1) * n * 4;
+    let per_thread = backward_bytes_per_thread(n, repeat);
     let props = gpu.props();
-    let budget = (props.max_shared_per_sm as usize / 2).min(props.max_shared_per_block_optin as usize);
-    for lanes in [256usize, 128, 64, 32] {
-        if lanes * per_lane <= budget {
-            return Some((lanes, lanes * per_lane));
+    // Each resident block also costs 1 KiB of shared memory reserved by the driver.
+    let budget = (props.max_shared_per_sm as usize / 4).saturating_sub(1024).min(props.max_shared_per_block_optin as usize);
+    for threads in [128usize, 64, 32] {
+        if threads * per_thread <= budget {
+            return Some((threads, threads * per_thread));
         }
     }
-    (32 * per_lane <= props.max_shared_per_block_optin as usize).then_some((32, 32 * per_lane))
+    (32 * per_thread <= props.max_shared_per_block_optin as usize).then_some((32, 32 * per_thread))
 }
 
 pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorViewMut) -> Result<()> {
@@ -134,21 +151,22 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
     if m == 0 {
         return Ok(());
     }
-    let Some((lanes, smem)) = backward_block(gpu, n, a.repeat) else {
+    let Some((threads, smem)) = backward_block(gpu, n, a.repeat) else {
         return Err(Error::Unavailable {
             backend: "cuda".into(),
             op: "sinkhorn_normalize_backward",
-            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix row; 32 rows exceed the device's {} bytes of shared memory per block", a.repeat, (2 * a.repeat - 1) * n * 4, gpu.props().max_shared_per_block_optin),
+            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix; 32 matrices exceed the device's {} bytes of shared memory per block", a.repeat, backward_bytes_per_thread(n, a.repeat), gpu.props().max_shared_per_block_optin),
         });
     };
-    let k = gpu.kernel("sinkhorn/bwd.cu", "sinkhorn_bwd", &[("SINKHORN_N", n.to_string())])?;
+    let k = gpu.kernel("sinkhorn/bwd.cu", "sinkhorn_bwd", &defines(n, &a.x, dx, Some(dout)))?;
     let p = SinkhornParams { x: a.x.address(), dout: dout.address(), out: dx.address(), x_layout: layout(&a.x)?, dout_layout: layout(dout)?, matrices: m as i64, repeat: a.repeat as i32, eps: a.eps };
-    let grid = grid_for(gpu, m, lanes / group(n));
     // SAFETY: `x` and `dout` are validated `[..., n, n]` f32 views of one shape whose
-    // layouts reach only their own elements; `dx` is contiguous f32 of that shape; the
-    // dynamic shared memory is the tape size the kernel indexes ((2*repeat-1)*n floats per
-    // lane), within the device limit (backward_block).
-    unsafe { k.launch([grid, 1, 1], [lanes as u32, 1, 1], smem as u32, &p) }
+    // layouts reach only their own elements (float4 reads only of one that is contiguous
+    // and 16-byte aligned, vector_ok); `dx` is contiguous f32 of that shape; one thread
+    // per matrix, threads past M return; the dynamic shared memory is what the kernel
+    // indexes ((2*repeat-1)*n doubles per thread, plus n*n for n >= 7), within the device
+    // limit (backward_block).
+    unsafe { k.launch([blocks(m, threads), 1, 1], [threads as u32, 1, 1], smem as u32, &p) }
 }
 
 #[cfg(test)]

@@ -6,12 +6,17 @@
 //!   running max starts at the sink. With `SA_DEDUP=1` over a sorted plan it is the dense
 //!   oracle (repeated keys count once).
 //! - `bwd.cu`: one CTA per chunk (batch, head block, consecutive rows); delta fused in,
-//!   `dq` written once, `dkv` reduced in f32 by atomics (`atomic`) or into CTA-private
-//!   partials summed in chunk order (`deterministic`), `dsinks` from per-row partials.
+//!   `dq` written once, `dkv` reduced in f32 by 16-byte vector atomics (`atomic`) or, per
+//!   wave of rows, stored per slot and summed per key in (row, slot) order through an
+//!   inverted index (`deterministic`, `bwd_reduce.cu`), `dsinks` from per-row partials.
 //! - `bwd_reduce.cu`: the fixed-order reductions; `plan.cu`: the plan layout built on the
 //!   GPU; `pack.cu`: contiguous copies of inputs the tensor-core loaders cannot read.
 //!
-//! The cuda backend is bf16-in (q, kv, out, dout): f32 inputs are the reference's.
+//! The cuda backend is bf16-in (q, kv, out, dout): f32 inputs are the reference's. The
+//! kernels take a head dim D that is a multiple of 64; any other D <= 512 runs at D rounded
+//! up to 64 (`kernel_d`): q, kv, out, dout copied with zero columns appended by `pack.cu`
+//! (a zero column changes no dot product and gets a zero gradient), out, dq and dkv
+//! computed padded and cut back to D by the same kernel.
 
 use std::mem::size_of;
 
@@ -76,7 +81,7 @@ pub struct BwdParams {
     pub dout: u64,        // [B,S,H,D] bf16
     pub lse: u64,         // [B,S,H] f32
     pub dq: u64,          // [B,S,H,D] bf16 out
-    pub dkv: u64,         // atomic: [B,K,D] f32; deterministic: [wave chunks, K, D] f32 partials
+    pub dkv: u64,         // atomic: [B,K,D] f32; deterministic: [wave rows, T, n_hblk, D] f32 contributions
     pub dsinks_part: u64, // [B*S, H] f32 out
     pub q_sb: i64,
     pub q_ss: i64,
@@ -113,17 +118,32 @@ pub struct BwdParams {
     pub pad_: i32,
 }
 
-/// Mirrors `SparseAttnDkvReduceParams`.
+/// Mirrors `SparseAttnInvIndexParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct DkvReduceParams {
-    pub partial: u64, // [n_chunks, K*D] f32
-    pub acc: u64,     // [B, K*D] f32 in/out
-    pub n: i64,       // K*D
-    pub b: i32,
-    pub chunk_base: i32,
-    pub n_chunks: i32,
-    pub chunks_per_batch: i32,
+pub struct InvIndexParams {
+    pub idx: u64,     // as BwdParams::idx
+    pub row_len: u64, // [B*S] i32 or 0
+    pub counts: u64,  // [n_rb, G] i32
+    pub colptr: u64,  // [G + 1] i32
+    pub entries: u64, // [n_rows * T] i32
+    pub contrib: u64, // [n_rows, T, n_hblk, D] f32
+    pub acc: u64,     // [G, D] f32 in/out
+    pub idx_sb: i64,
+    pub idx_ss: i64,
+    pub idx_st: i64,
+    pub idx_bias: i64,
+    pub g: i64,
+    pub row_base: i32,
+    pub n_rows: i32,
+    pub rows_per_rb: i32,
+    pub n_rb: i32,
+    pub s: i32,
+    pub k: i32,
+    pub t: i32,
+    pub d: i32,
+    pub n_hblk: i32,
+    pub idx_is_i64: i32,
 }
 
 /// Mirrors `SparseAttnConvertParams`.
@@ -186,7 +206,7 @@ pub struct PackParams {
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
 const _: () = assert!(size_of::<BwdParams>() == 296);
-const _: () = assert!(size_of::<DkvReduceParams>() == 40);
+const _: () = assert!(size_of::<InvIndexParams>() == 136);
 const _: () = assert!(size_of::<ConvertParams>() == 24);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
@@ -197,7 +217,7 @@ const _: () = assert!(size_of::<PackParams>() == 88);
 pub const PARAMS_SIZES: &[(&str, usize)] = &[
     ("SparseAttnFwdParams", size_of::<FwdParams>()),
     ("SparseAttnBwdParams", size_of::<BwdParams>()),
-    ("SparseAttnDkvReduceParams", size_of::<DkvReduceParams>()),
+    ("SparseAttnInvIndexParams", size_of::<InvIndexParams>()),
     ("SparseAttnConvertParams", size_of::<ConvertParams>()),
     ("SparseAttnDsinksParams", size_of::<DsinksParams>()),
     ("SparseAttnPlanParams", size_of::<PlanParams>()),
@@ -536,11 +556,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let tiles = check_supported(OP_BWD, Pass::Bwd, gpu, dm, &[("q", &f.q), ("kv", &f.kv), ("out", &a.out), ("dout", &a.dout)])?;
     let src = index_source(OP_BWD, &f.indices, dm)?;
     let deterministic = a.backward_impl == BackwardImpl::Deterministic;
-    let partial_bytes = dm.k * kernel_d(dm.d) * 4;
-    if deterministic && partial_bytes > a.backward_workspace_bytes {
-        return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least K*D*4 = {partial_bytes} bytes of workspace for one partial dkv; backward_workspace_bytes = {}", a.backward_workspace_bytes)));
-    }
     let n_hblk = tiles.head_blocks(dm.h);
+    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes);
+    if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
+        return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least T*(n_head_blocks*D + 1)*4 = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
+    }
     let rows = dm.b * dm.s;
     // The kernels run at head dim dp (D rounded up to 64): inputs zero-padded, dq and dkv
     // computed padded and cut back to D.
@@ -608,11 +628,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             pad_: 0,
         };
         let block = [tiles.threads(dp) as u32, 1, 1];
+        let chunks = dm.b * n_hblk * dm.s;
+        if chunks > i32::MAX as usize {
+            return Err(unavailable(OP_BWD, format!("B * head blocks * S = {chunks} CTAs exceed int32")));
+        }
         if !deterministic {
-            let chunks = dm.b * n_hblk * dm.s;
-            if chunks > i32::MAX as usize {
-                return Err(unavailable(OP_BWD, format!("B * head blocks * S = {chunks} CTAs exceed int32")));
-            }
             // SAFETY: as the forward's launch for q, kv, the index source; out and dout
             // pass the same row rules (`rows_input`); lse is a validated [B,S,H] f32 view
             // read through its strides; dq is a contiguous [B,S,H,D] output; `dkv` is the
@@ -621,29 +641,73 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // exactly one row, c < B*n_hblk*S = the grid.
             unsafe { k.launch([chunks as u32, 1, 1], block, smem as u32, &p)? };
         } else {
-            let plan = DeterministicPlan::new(gpu, dm, n_hblk, a.backward_workspace_bytes);
-            p.rows_per_chunk = plan.rows_per_chunk as i32;
-            p.chunks_per_bh = plan.chunks_per_bh as i32;
-            let partials = gpu.scratch(plan.wave * partial_bytes)?;
-            p.dkv = partials.ptr();
-            let reduce = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dkv_reduce", &[])?;
-            let mut base = 0;
-            while base < plan.total {
-                let n = plan.wave.min(plan.total - base);
-                gpu.zero(partials.ptr(), n * partial_bytes)?;
-                p.chunk_base = base as i32;
-                // SAFETY: as the atomic launch, except that chunk c of this wave owns
-                // partial slot c - base of `partials` ([wave, K, D] f32, zeroed above for
-                // the n chunks launched); chunks index (batch, head block, row range) below
-                // B*n_hblk*chunks_per_bh = plan.total, which fits in int32.
-                unsafe { k.launch([n as u32, 1, 1], block, smem as u32, &p)? };
-                let r = DkvReduceParams { partial: partials.ptr(), acc: acc.ptr(), n: (dm.k * dp) as i64, b: dm.b as i32, chunk_base: base as i32, n_chunks: n as i32, chunks_per_batch: (n_hblk * plan.chunks_per_bh) as i32 };
-                // SAFETY: `partials` holds n slots of K*D f32 written by the launch above;
-                // `acc` is [B, K*D] f32; the grid-stride loop stays below B*K*D.
-                unsafe { reduce.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &r)? };
-                base += n;
+            // Waves of rows: the main kernel stores each valid slot's dkv contribution, an
+            // inverted index lists each key's (row, slot) entries in order, and the reduce
+            // adds them per key in that order: bitwise reproducible, no partial [K, D].
+            let w = waves;
+            let g = dm.b * dm.k;
+            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * dp * 4)?;
+            let entries = gpu.scratch((w.wave_rows * src.t).max(1) * 4)?;
+            let colptr = gpu.scratch((g + 1) * 4)?;
+            let counts = gpu.scratch((w.n_rb * g).max(1) * 4)?;
+            p.dkv = contrib.ptr();
+            let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
+            let (count, scan_rb, scan_keys, fill, reduce) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?, kern("sparse_attn_inv_reduce")?);
+            let mut ip = InvIndexParams {
+                idx: src.ptr,
+                row_len: src.row_len,
+                counts: counts.ptr(),
+                colptr: colptr.ptr(),
+                entries: entries.ptr(),
+                contrib: contrib.ptr(),
+                acc: acc.ptr(),
+                idx_sb: src.sb,
+                idx_ss: src.ss,
+                idx_st: src.st,
+                idx_bias: src.bias,
+                g: g as i64,
+                row_base: 0,
+                n_rows: 0,
+                rows_per_rb: 0,
+                n_rb: 0,
+                s: dm.s as i32,
+                k: dm.k as i32,
+                t: src.t as i32,
+                d: dp as i32,
+                n_hblk: n_hblk as i32,
+                idx_is_i64: src.is_i64,
+            };
+            let mut r0 = 0;
+            while r0 < rows {
+                let n = w.wave_rows.min(rows - r0);
+                let rows_per_rb = n.div_ceil(w.n_rb);
+                let n_rb = n.div_ceil(rows_per_rb);
+                (ip.row_base, ip.n_rows, ip.rows_per_rb, ip.n_rb) = (r0 as i32, n as i32, rows_per_rb as i32, n_rb as i32);
+                let index = g > 0 && src.t > 0;
+                if index {
+                    gpu.zero(counts.ptr(), n_rb * g * 4)?;
+                    // SAFETY (these four): the index source as validated for the main
+                    // kernel; rows row_base.. row_base+n < B*S; counts holds n_rb*G i32
+                    // (zeroed above), colptr G+1, entries n*T (one per valid slot at most);
+                    // count and fill take one CTA per row block, scan_keys one CTA.
+                    unsafe { count.launch([n_rb as u32, 1, 1], [256, 1, 1], 0, &ip)? };
+                    unsafe { scan_rb.launch([grid_for(gpu, g), 1, 1], [256, 1, 1], 0, &ip)? };
+                    unsafe { scan_keys.launch([1, 1, 1], [1024, 1, 1], 0, &ip)? };
+                    unsafe { fill.launch([n_rb as u32, 1, 1], [32, 1, 1], 0, &ip)? };
+                }
+                p.chunk_base = r0 as i32;
+                // SAFETY: as the atomic launch, except that CTA i owns row r0 + i / n_hblk
+                // (< B*S) and head block i % n_hblk, and stores its valid slots' dkv rows to
+                // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows).
+                unsafe { k.launch([(n * n_hblk) as u32, 1, 1], block, smem as u32, &p)? };
+                if index {
+                    // SAFETY: colptr/entries as built above index rows of `contrib` written by
+                    // the main kernel (every valid slot of the wave's rows, every head block);
+                    // acc is [G, dp] f32; dp/4 <= 128 threads.
+                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [(dp / 4) as u32, 1, 1], 0, &ip)? };
+                }
+                r0 += n;
             }
-            drop(partials);
         }
     }
 
@@ -674,33 +738,29 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     unsafe { ds.launch([dm.h as u32, 1, 1], [256, 1, 1], 0, &d) }
 }
 
-/// How the deterministic backward splits its rows: chunks of consecutive rows of one batch
-/// and head block, one CTA each, launched in waves of at most `wave` chunks (one partial
-/// dkv `[K, D]` f32 per chunk of a wave, bounded by `backward_workspace_bytes`).
+/// How the deterministic backward splits its rows: waves of `wave_rows` consecutive rows
+/// (B*S order), whose per-slot dkv contributions (`T * n_hblk * D` f32 a row) and index
+/// entries (`T` i32 a row) fit `backward_workspace_bytes`; the inverted index of a wave
+/// splits it into at most `n_rb` row blocks (one warp each builds its block's entries).
+/// `wave_rows == 0`: not even one row fits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeterministicPlan {
-    pub rows_per_chunk: usize,
-    pub chunks_per_bh: usize,
-    pub total: usize,
-    pub wave: usize,
+pub struct DeterministicWaves {
+    pub row_bytes: usize,
+    pub wave_rows: usize,
+    pub n_rb: usize,
 }
 
-impl DeterministicPlan {
-    /// Aim for two CTAs per SM (enough to fill the device, few partials to sum), fewer when
-    /// the workspace holds fewer partials.
-    pub fn new(gpu: &Gpu, dm: Dims, n_hblk: usize, workspace: usize) -> Self {
-        Self::for_sizes(gpu.props().sm_count as usize, dm, n_hblk, workspace)
-    }
-
-    pub fn for_sizes(sm_count: usize, dm: Dims, n_hblk: usize, workspace: usize) -> Self {
-        let partial = (dm.k * kernel_d(dm.d) * 4).max(1);
-        let max_par = (workspace / partial).max(1);
-        let target = (2 * sm_count).min(max_par).max(1);
-        let units = dm.b * n_hblk * dm.s;
-        let rows_per_chunk = units.div_ceil(target).clamp(1, dm.s.max(1));
-        let chunks_per_bh = dm.s.div_ceil(rows_per_chunk).max(1);
-        let total = dm.b * n_hblk * chunks_per_bh;
-        DeterministicPlan { rows_per_chunk, chunks_per_bh, total, wave: max_par.min(total).max(1) }
+impl DeterministicWaves {
+    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize) -> Self {
+        let rows = dm.b * dm.s;
+        let row_bytes = t * (n_hblk * kernel_d(dm.d) + 1) * 4;
+        // entry ids local * T + t stay below 2^31
+        let id_cap = (i32::MAX as usize).checked_div(t).unwrap_or(rows);
+        let wave_rows = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
+        // Row blocks: enough warps to fill the device, and [n_rb, B*K] counters <= 256 MiB.
+        let g = (dm.b * dm.k).max(1);
+        let n_rb = (4 * sm_count).min(((256usize << 20) / (4 * g)).max(1)).clamp(1, wave_rows.max(1));
+        DeterministicWaves { row_bytes, wave_rows, n_rb }
     }
 }
 
@@ -793,16 +853,21 @@ mod tests {
         // The DeepSeek-V4 shape on an H100/H200: all 64 heads in one forward CTA.
         assert_eq!(choose_tiles(Pass::Fwd, 512, 64, 232_448), Some(Tiles { hb: 64, bn: 64, dw: 128 }));
         assert_eq!(choose_tiles(Pass::Fwd, 100, 64, 232_448), None);
+        // Other head dims run padded: the golden's D = 8, 16, 32 at 64; 512 stays 512.
+        assert_eq!([8, 16, 32, 64, 65, 96, 200, 512].map(kernel_d), [64, 64, 64, 64, 128, 128, 256, 512]);
     }
 
     #[test]
-    fn deterministic_plan_covers_rows_within_workspace() {
+    fn deterministic_waves_fit_the_workspace() {
         let dm = Dims { b: 2, s: 1024, h: 64, d: 512, k: 1280, t: 640 };
-        let p = DeterministicPlan::for_sizes(132, dm, 2, 2 << 30);
-        assert!(p.rows_per_chunk * p.chunks_per_bh >= dm.s);
-        assert!(p.wave * dm.k * dm.d * 4 <= 2 << 30);
-        assert_eq!(p.total, dm.b * 2 * p.chunks_per_bh);
-        let small = DeterministicPlan::for_sizes(132, dm, 2, dm.k * dm.d * 4 * 3);
-        assert_eq!(small.wave, 3);
+        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30);
+        assert_eq!(w.row_bytes, 640 * (2 * 512 + 1) * 4);
+        assert_eq!(w.wave_rows, (2usize << 30) / w.row_bytes);
+        assert!(w.n_rb >= 1 && w.n_rb <= 4 * 132);
+        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3);
+        assert_eq!(small.wave_rows, 3);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1).wave_rows, 0);
+        // No slots: every row in one wave.
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1).wave_rows, 2048);
     }
 }

@@ -437,6 +437,15 @@ fn small_backward_matches_reference_and_is_deterministic() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn backward_multi_tile_and_multi_query_ctas() {
+    // T = 130: three 64-slot tiles of the tensor-core backward, the last one partial.
+    backward_case(case(1, 40, 64, 128, 300, 1, 0), 130, 600);
+    // S = 600: deterministic CTAs walk several queries (about two CTAs per SM).
+    backward_case(case(1, 600, 16, 64, 200, 2, 7), 70, 610);
+}
+
 /// DSV4-sized forward: scores within 1e-5 of the row scale, the GPU selection exactly the
 /// reference selection of the GPU scores, fused == unfused, and a top-k of the reference.
 fn large_forward(c: Case, k: usize, seed: u64) {

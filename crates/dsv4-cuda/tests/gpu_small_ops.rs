@@ -9,9 +9,10 @@
 use dsv4_core::backend::{cuda_backend, KernelBackend};
 use dsv4_core::compare::{judge, Judgement, Tolerance};
 use dsv4_core::ops::qnorm_rope::{qnorm_rope, qnorm_rope_backward, qnorm_rope_backward_into, qnorm_rope_into, token_major_strides, QNormRopeArgs};
+use dsv4_core::ops::sinkhorn::reference as sinkhorn_ref;
 use dsv4_core::ops::sinkhorn::{sinkhorn_normalize, sinkhorn_normalize_backward, sinkhorn_normalize_backward_into, sinkhorn_normalize_into, SinkhornArgs};
 use dsv4_core::ops::sparse_indices::{build_sparse_topk_indices, build_sparse_topk_indices_into, BuildIndicesArgs};
-use dsv4_core::{BackendName, DType, Device, Tensor};
+use dsv4_core::{BackendName, DType, Device, Tensor, TensorView};
 
 const DEV: Device = Device::Cuda(0);
 
@@ -127,30 +128,86 @@ fn jt(name: &str, got: &Tensor, want: &Tensor, tol: Tolerance) -> Judgement {
 // ------------------------------------------------------------------------------------
 // sinkhorn
 
-/// Forward and backward of one case; `x_perm`/`g_perm` store x / dout permuted.
-fn sinkhorn_case(rng: &mut Rng, shape: &[usize], repeat: usize, eps: f32, x_perm: Option<&[usize]>, g_perm: Option<&[usize]>) -> Vec<Judgement> {
+/// How x / dout are stored on the device.
+#[derive(Clone, Copy)]
+enum Store<'p> {
+    /// Contiguous (the float4 path where n*n is a multiple of 4).
+    Plain,
+    /// Dims permuted in storage (a strided view).
+    Perm(&'p [usize]),
+    /// Contiguous but starting one element (4 bytes) into its buffer: no float4 path.
+    Misaligned,
+}
+
+/// A device copy of host `t` stored as `how`; the second value keeps a misaligned view's
+/// buffer alive.
+fn up_stored(t: &Tensor, how: Store) -> (Tensor, Option<TensorView<'static>>) {
+    match how {
+        Store::Plain => (up(t), None),
+        Store::Perm(p) => (up_permuted(t, p), None),
+        Store::Misaligned => {
+            let mut vals = vec![0f32];
+            vals.extend(t.to_f32_vec().unwrap());
+            let dev = up(&Tensor::from_f32(&[vals.len()], vals).unwrap());
+            let strides = dsv4_core::tensor::contiguous_strides(t.shape());
+            // SAFETY: the view covers elements 1..=numel of `dev`'s buffer, which the
+            // returned Tensor keeps alive for as long as the caller holds both.
+            let v = unsafe { TensorView::from_raw((dev.view().address() + 4) as usize as *const u8, DType::F32, t.shape(), &strides, DEV) };
+            (dev, Some(v))
+        }
+    }
+}
+
+fn store_tag(how: Store) -> &'static str {
+    match how {
+        Store::Plain => "",
+        Store::Perm(_) => " strided",
+        Store::Misaligned => " misaligned",
+    }
+}
+
+/// Forward and backward of one case, `x` and `dout` stored as `xs` / `gs`.
+///
+/// The gate is the f64 evaluation of the reference maths: the backward over 2*repeat - 1
+/// steps is ill-conditioned enough that the f32 reference itself lands up to ~6e-5 of the
+/// row scale from the exact result on 1M random matrices (the kernel computes the
+/// backward in f64). The distance to the f32 reference backend is printed for
+/// information.
+fn sinkhorn_case_stored(rng: &mut Rng, shape: &[usize], repeat: usize, eps: f32, xs: Store, gs: Store) -> Vec<Judgement> {
     let n = *shape.last().unwrap();
     let numel: usize = shape.iter().product();
     let xh = Tensor::from_f32(shape, rng.vec(numel, 2.0)).unwrap();
     let gh = Tensor::from_f32(shape, rng.vec(numel, 1.0)).unwrap();
-    let xd = match x_perm {
-        Some(p) => up_permuted(&xh, p),
-        None => up(&xh),
-    };
-    let gd = match g_perm {
-        Some(p) => up_permuted(&gh, p),
-        None => up(&gh),
-    };
-    let tag = format!("sinkhorn{shape:?} repeat {repeat}{}{}", if x_perm.is_some() { " strided x" } else { "" }, if g_perm.is_some() { " strided dout" } else { "" });
+    let (xd, xv) = up_stored(&xh, xs);
+    let (gd, gv) = up_stored(&gh, gs);
+    let xview = xv.unwrap_or_else(|| xd.view());
+    let gview = gv.unwrap_or_else(|| gd.view());
+    let tag = format!("sinkhorn{shape:?} repeat {repeat}{}{}", if matches!(xs, Store::Plain) { String::new() } else { format!("{} x", store_tag(xs)) }, if matches!(gs, Store::Plain) { String::new() } else { format!("{} dout", store_tag(gs)) });
     let ha = SinkhornArgs { x: xh.view(), repeat, eps };
-    let da = SinkhornArgs { x: xd.view(), repeat, eps };
-    let want_y = sinkhorn_normalize(BackendName::Reference, &ha).unwrap();
-    let want_dx = sinkhorn_normalize_backward(BackendName::Reference, &ha, &gh.view()).unwrap();
+    let da = SinkhornArgs { x: xview, repeat, eps };
+    let (x64, g64) = (xh.to_f64_vec().unwrap(), gh.to_f64_vec().unwrap());
+    let want_y = sinkhorn_ref::forward::<f64>(&x64, n, repeat, eps as f64);
+    let want_dx = sinkhorn_ref::backward::<f64>(&x64, &g64, n, repeat, eps as f64);
     let mut y = poisoned(DType::F32, shape);
     sinkhorn_normalize_into(BackendName::Cuda, &da, &mut y.view_mut()).unwrap();
     let mut dx = poisoned(DType::F32, shape);
-    sinkhorn_normalize_backward_into(BackendName::Cuda, &da, &gd.view(), &mut dx.view_mut()).unwrap();
-    vec![jt(&format!("{tag}: out"), &y, &want_y, Tolerance::F32Rows { row_len: n }), jt(&format!("{tag}: dx"), &dx, &want_dx, Tolerance::F32Rows { row_len: n })]
+    sinkhorn_normalize_backward_into(BackendName::Cuda, &da, &gview, &mut dx.view_mut()).unwrap();
+    let got_dx = dx.to_f64_vec().unwrap();
+    // Information only: the f32 reference backend's distance.
+    if numel > 0 {
+        let ref32 = sinkhorn_normalize_backward(BackendName::Reference, &ha, &gh.view()).unwrap();
+        let j32 = judge(&format!("{tag}: dx vs the f32 reference (information)"), &got_dx, &ref32.to_f64_vec().unwrap(), Tolerance::F32Rows { row_len: n });
+        println!("  ({j32}; the f32 reference vs f64: {:.3e})", judge("", &ref32.to_f64_vec().unwrap(), &want_dx, Tolerance::F32Rows { row_len: n }).error);
+    }
+    vec![
+        judge(&format!("{tag}: out"), &y.to_f64_vec().unwrap(), &want_y, Tolerance::F32Rows { row_len: n }),
+        judge(&format!("{tag}: dx"), &got_dx, &want_dx, Tolerance::F32Rows { row_len: n }),
+    ]
+}
+
+/// `x_perm`/`g_perm` store x / dout permuted.
+fn sinkhorn_case(rng: &mut Rng, shape: &[usize], repeat: usize, eps: f32, x_perm: Option<&[usize]>, g_perm: Option<&[usize]>) -> Vec<Judgement> {
+    sinkhorn_case_stored(rng, shape, repeat, eps, x_perm.map_or(Store::Plain, Store::Perm), g_perm.map_or(Store::Plain, Store::Perm))
 }
 
 #[test]
@@ -161,11 +218,24 @@ fn small_sinkhorn_shapes() {
     for (shape, repeat) in [(vec![7, 4, 4], 20), (vec![2, 3, 5, 4, 4], 3), (vec![33, 8, 8], 20), (vec![5, 3, 3], 1), (vec![9, 1, 1], 4), (vec![4, 2, 2], 2), (vec![3, 7, 7], 5), (vec![1, 5, 5], 10), (vec![4, 4], 20), (vec![0, 4, 4], 20)] {
         js.extend(sinkhorn_case(&mut rng, &shape, repeat, 1e-6, None, None));
     }
+    // Every n, repeat 1 and 20, a count of matrices that is not a multiple of any block.
+    for n in 1..=8 {
+        for repeat in [1, 20] {
+            js.extend(sinkhorn_case(&mut rng, &[37, n, n], repeat, 1e-6, None, None));
+        }
+    }
+    // One matrix of n = 5 (the first GPU run's NaN), contiguous and misaligned.
+    js.extend(sinkhorn_case_stored(&mut rng, &[1, 5, 5], 10, 1e-6, Store::Plain, Store::Plain));
+    js.extend(sinkhorn_case_stored(&mut rng, &[1, 5, 5], 20, 1e-6, Store::Misaligned, Store::Perm(&[0, 2, 1])));
     // Strided dout (transposed storage of the last two dims, as the golden runner does),
-    // strided x (leading dims permuted), both.
+    // strided x (leading dims permuted), both; misaligned contiguous inputs (no float4).
     js.extend(sinkhorn_case(&mut rng, &[6, 4, 4], 20, 1e-6, None, Some(&[0, 2, 1])));
     js.extend(sinkhorn_case(&mut rng, &[3, 5, 8, 8], 7, 1e-3, Some(&[1, 0, 2, 3]), Some(&[1, 0, 3, 2])));
     js.extend(sinkhorn_case(&mut rng, &[2, 3, 4, 4, 4], 20, 1e-6, Some(&[2, 0, 1, 4, 3]), Some(&[0, 2, 1, 3, 4])));
+    js.extend(sinkhorn_case_stored(&mut rng, &[300, 4, 4], 20, 1e-6, Store::Misaligned, Store::Plain));
+    js.extend(sinkhorn_case_stored(&mut rng, &[300, 4, 4], 20, 1e-6, Store::Plain, Store::Misaligned));
+    js.extend(sinkhorn_case_stored(&mut rng, &[129, 2, 2], 1, 1e-6, Store::Misaligned, Store::Perm(&[0, 2, 1])));
+    js.extend(sinkhorn_case_stored(&mut rng, &[65, 6, 6], 20, 1e-6, Store::Plain, Store::Perm(&[0, 2, 1])));
     check(js);
 }
 
@@ -178,6 +248,7 @@ fn sinkhorn_many_matrices() {
     js.extend(sinkhorn_case(&mut rng, &[1_048_576, 4, 4], 20, 1e-6, None, Some(&[0, 2, 1])));
     js.extend(sinkhorn_case(&mut rng, &[16, 4096, 4, 4], 20, 1e-6, None, None));
     js.extend(sinkhorn_case(&mut rng, &[100_003, 8, 8], 20, 1e-6, None, Some(&[0, 2, 1])));
+    js.extend(sinkhorn_case(&mut rng, &[100_003, 7, 7], 20, 1e-6, None, None));
     check(js);
 }
 
@@ -258,6 +329,19 @@ fn small_qnorm_rope_shapes() {
     js.extend(qnorm_case(&mut rng, [2, 3, 4, 128], 32, DType::F32, XLayout::TokenMajor, DType::F32, true));
     js.extend(qnorm_case(&mut rng, [1, 5, 3, 36], 8, DType::F32, XLayout::Padded(1), DType::F32, false));
     js.extend(qnorm_case(&mut rng, [1, 2, 37, 1000], 64, bf, XLayout::TokenMajor, bf, true));
+    // The fast kernels' shapes (bf16, C a multiple of 8 up to 1024): 1, 4, 8 and 32 lanes
+    // per row, 1 to 4 chunks per lane, partial last chunks, no / full rotation, row counts
+    // that leave groups idle; then C = 1032 (the generic kernels) and f32 grad (generic
+    // backward after a fast forward).
+    js.extend(qnorm_case(&mut rng, [1, 3, 7, 8], 8, bf, XLayout::Plain, bf, false));
+    js.extend(qnorm_case(&mut rng, [2, 5, 3, 24], 24, bf, XLayout::TokenMajor, bf, true));
+    js.extend(qnorm_case(&mut rng, [2, 3, 5, 64], 64, bf, XLayout::Plain, bf, true));
+    js.extend(qnorm_case(&mut rng, [1, 4, 9, 264], 64, bf, XLayout::TokenMajor, bf, true));
+    js.extend(qnorm_case(&mut rng, [1, 2, 5, 256], 0, bf, XLayout::TokenMajor, bf, false));
+    js.extend(qnorm_case(&mut rng, [1, 3, 11, 1024], 64, bf, XLayout::TokenMajor, bf, true));
+    js.extend(qnorm_case(&mut rng, [1, 3, 3, 512], 512, bf, XLayout::TokenMajor, bf, true));
+    js.extend(qnorm_case(&mut rng, [1, 2, 3, 1032], 64, bf, XLayout::TokenMajor, bf, true));
+    js.extend(qnorm_case(&mut rng, [1, 7, 5, 512], 64, bf, XLayout::TokenMajor, DType::F32, true));
     check(js);
 }
 

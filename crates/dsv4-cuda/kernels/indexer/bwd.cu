@@ -13,8 +13,8 @@
 // coef[j][h] = g_j*scale*w[h]*[a>0], then dq += coef @ kv_rows (one thread per dq element)
 // and the per-slot dkv rows coef^T @ q, summed over head groups and added by the thread
 // that owns column d, slot after slot. dq (q's dtype, bf16) and dw are written once per
-// query. Products on CUDA cores for now: every slot gathers its own key, so the tensor-core
-// form (A = Q K_sel^T, dq = C K_sel, dK_sel = C^T Q per query) is future work.
+// query. Products on CUDA cores: this is the fallback for shapes beyond the tensor-core
+// backward of bwd_mma.cu (H > 64 or D > 128, or outputs not aligned for its pair stores).
 //
 // dkv: atomic mode adds with atomicAdd into the zeroed [B,P,D]. Deterministic mode gives
 // every CTA its own zeroed partial slice [P,D]: the owner thread of column d updates it by

@@ -75,9 +75,11 @@ constexpr int SMEM_DET = SMEM_BASE + BN * LDF * 4;
 static_assert(SMEM_BASE % 16 == 0, "sdkv stays aligned");
 static_assert(SMEM_DET <= 227 * 1024, "shared memory");
 
-__device__ __forceinline__ void add2(float* dst, float x, float y, bool pair_aligned) {
+// dst[0] += x, dst[1] += y atomically: one 8-byte vector atomic on sm_90 when D is even
+// (then the element offset key*D + d is even; the host guarantees an 8-byte aligned dkv).
+__device__ __forceinline__ void add2(float* dst, float x, float y) {
 #if __CUDA_ARCH__ >= 900
-    if (pair_aligned) {
+    if (D % 2 == 0) {
         atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
         return;
     }
@@ -86,9 +88,20 @@ __device__ __forceinline__ void add2(float* dst, float x, float y, bool pair_ali
     atomicAdd(dst + 1, y);
 }
 
+// dst[0] = x and, when `second`, dst[1] = y, as bf16: one 4-byte store when D is even
+// (then the element offset is even; the host guarantees a 4-byte aligned dq).
+__device__ __forceinline__ void store_pair(bf16* dst, float x, float y, bool second) {
+    if (D % 2 == 0) {
+        *reinterpret_cast<u32*>(dst) = pack_bf16(x, y);
+    } else {
+        dst[0] = from_f32<bf16>(x);
+        if (second) dst[1] = from_f32<bf16>(y);
+    }
+}
+
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const IndexerBwdParams p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const IndexerBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* sq = reinterpret_cast<bf16*>(smem);
     bf16* skv = sq + HPAD * LDS;
@@ -120,32 +133,39 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const Ind
         for (int h = tid; h < HPAD; h += NTHREADS) sw[h] = h < H ? p.w[b * p.w_sb + s * p.w_ss + h * p.w_sh] : 0.0f;
         const i64 vis = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s, p.compress_ratio));
 
-        // Slots of tile `tile` into buffer `buf`: key (-1: ignored), g*scale (0 when
-        // ignored, so a masked slot's gradient, even inf or NaN, is never read into a sum),
-        // and the kv rows (zeros when ignored).
-        auto load_tile = [&](int tile, int buf) {
+        // Slot `tid` (< BN) of tile `tile`: key (-1: ignored) and g*scale (0 when ignored,
+        // so a masked slot's gradient, even inf or NaN, never enters a sum). Fetched into
+        // registers two tiles ahead, stored to skey / sg one tile ahead, so the dependent
+        // index -> row loads never wait in line with the tensor-core work.
+        auto fetch_slot = [&](int tile, int& key_out, float& gs_out) {
+            const i64 t = static_cast<i64>(tile) * BN + tid;
+            key_out = -1;
+            gs_out = 0.0f;
+            if (tid < BN && t < p.T) {
+                const i64 key = load_int(p.topk, b * p.t_sb + s * p.t_ss + t * p.t_st, p.topk_is_i64);
+                const float gt = p.grad[b * p.g_sb + s * p.g_ss + t * p.g_st];
+                if (key >= 0 && key < vis && gt != 0.0f) {
+                    key_out = static_cast<int>(key);
+                    gs_out = gt * p.scale;
+                }
+            }
+        };
+        auto stash_slot = [&](int buf, int key, float gs) {
+            if (tid < BN) {
+                skey[buf * BN + tid] = key;
+                sg[buf * BN + tid] = gs;
+            }
+        };
+        // kv rows of the slots in skey[buf] (zeros for ignored slots); needs skey published.
+        auto load_rows = [&](int buf) {
             for (int e = tid; e < BN * DCH_PAD; e += NTHREADS) {
                 const int c = e % DCH_PAD, j = e / DCH_PAD;
-                const i64 t = static_cast<i64>(tile) * BN + j;
-                i64 key = -1;
-                float gs = 0.0f;
-                if (t < p.T) {
-                    key = load_int(p.topk, b * p.t_sb + s * p.t_ss + t * p.t_st, p.topk_is_i64);
-                    const float gt = p.grad[b * p.g_sb + s * p.g_ss + t * p.g_st];
-                    if (key >= 0 && key < vis && gt != 0.0f) {
-                        gs = gt * p.scale;
-                    } else {
-                        key = -1;
-                    }
-                }
-                if (c == 0) {
-                    skey[buf * BN + j] = static_cast<int>(key);
-                    sg[buf * BN + j] = gs;
-                }
+                const int key = skey[buf * BN + j];
                 const bool load = key >= 0 && c < DCH;
-                const bf16* src = load ? p.kv + b * p.kv_sb + key * p.kv_sp + c * 8 : p.kv;
+                const bf16* src = load ? p.kv + b * p.kv_sb + static_cast<i64>(key) * p.kv_sp + c * 8 : p.kv;
                 cp_async16(skv + (buf * BN + j) * LDS + c * 8, src, load);
             }
+            cp_async_commit();
         };
 
         float dq_acc[NDT][4];
@@ -153,20 +173,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const Ind
         for (int i = 0; i < NDT; ++i) dq_acc[i][0] = dq_acc[i][1] = dq_acc[i][2] = dq_acc[i][3] = 0.0f;
         float dw0 = 0.0f, dw1 = 0.0f;  // heads 16*warp + g and + g + 8 (this lane's slots)
 
+        int next_key = -1;  // slot tid of the tile after the one being stashed
+        float next_gs = 0.0f;
         if (n_tiles > 0) {
-            load_tile(0, 0);
-            cp_async_commit();
+            int k0;
+            float g0;
+            fetch_slot(0, k0, g0);
+            fetch_slot(1, next_key, next_gs);
+            stash_slot(0, k0, g0);
+            __syncthreads();
+            load_rows(0);
         }
         for (int it = 0; it < n_tiles; ++it) {
             const int buf = it & 1;
+            // Buffer buf^1 was last read in iteration it-1, which ended with a barrier.
             if (it + 1 < n_tiles) {
-                load_tile(it + 1, buf ^ 1);
-                cp_async_commit();
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
+                stash_slot(buf ^ 1, next_key, next_gs);
+                fetch_slot(it + 2, next_key, next_gs);
             }
-            __syncthreads();
+            cp_async_wait<0>();  // tile it's rows (and the q rows)
+            __syncthreads();     // ... for everyone; skey[buf^1] published
+            if (it + 1 < n_tiles) load_rows(buf ^ 1);
             const bf16* kv_tile = skv + buf * BN * LDS;
             const float* g_tile = sg + buf * BN;
             const int* key_tile = skey + buf * BN;
@@ -250,22 +277,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const Ind
                     for (int dn = 0; dn < NDT; ++dn) {
                         const int d = dn * 8 + 2 * c4;
                         if (d < D) {
-                            // D even: d + 1 < D too, and (key*D + d) is even (8-byte aligned).
                             if (key_lo >= 0) {
                                 float* dst = dkv + static_cast<i64>(key_lo) * D + d;
-                                if (D % 2 == 0) add2(dst, kacc[dn][0], kacc[dn][1], true);
-                                else {
-                                    atomicAdd(dst, kacc[dn][0]);
-                                    if (d + 1 < D) atomicAdd(dst + 1, kacc[dn][1]);
-                                }
+                                if (d + 1 < D) add2(dst, kacc[dn][0], kacc[dn][1]);
+                                else atomicAdd(dst, kacc[dn][0]);
                             }
                             if (key_hi >= 0) {
                                 float* dst = dkv + static_cast<i64>(key_hi) * D + d;
-                                if (D % 2 == 0) add2(dst, kacc[dn][2], kacc[dn][3], true);
-                                else {
-                                    atomicAdd(dst, kacc[dn][2]);
-                                    if (d + 1 < D) atomicAdd(dst + 1, kacc[dn][3]);
-                                }
+                                if (d + 1 < D) add2(dst, kacc[dn][2], kacc[dn][3]);
+                                else atomicAdd(dst, kacc[dn][2]);
                             }
                         }
                     }
@@ -299,18 +319,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const Ind
                     constexpr int BATCH = 8;
                     for (int e0 = 0; e0 < BN * D; e0 += NTHREADS * BATCH) {
                         float v[BATCH];
-                        float* dst[BATCH];
 #pragma unroll
                         for (int u = 0; u < BATCH; ++u) {
                             const int e = e0 + u * NTHREADS + tid;
                             const int j = e / D, d = e % D;
                             const int key = e < BN * D ? key_tile[j] : -1;
-                            dst[u] = key >= 0 ? dkv + static_cast<i64>(key) * D + d : nullptr;
-                            v[u] = dst[u] ? *dst[u] + sdkv[j * LDF + d] : 0.0f;
+                            v[u] = key >= 0 ? dkv[static_cast<i64>(key) * D + d] + sdkv[j * LDF + d] : 0.0f;
                         }
 #pragma unroll
-                        for (int u = 0; u < BATCH; ++u)
-                            if (dst[u]) *dst[u] = v[u];
+                        for (int u = 0; u < BATCH; ++u) {
+                            const int e = e0 + u * NTHREADS + tid;
+                            const int j = e / D, d = e % D;
+                            const int key = e < BN * D ? key_tile[j] : -1;
+                            if (key >= 0) dkv[static_cast<i64>(key) * D + d] = v[u];
+                        }
                     }
                 }
             }
@@ -325,19 +347,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_bwd_mma(const Ind
 #pragma unroll
             for (int dn = 0; dn < NDT; ++dn) {
                 const int d = dn * 8 + 2 * c4;
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int h = half ? h1 : h0;
-                    if (h < H && d < D) {
-                        const float x = dq_acc[dn][2 * half], y = dq_acc[dn][2 * half + 1];
-                        bf16* dst = dq_row + h * D + d;
-                        if (D % 2 == 0) {
-                            *reinterpret_cast<u32*>(dst) = pack_bf16(x, y);
-                        } else {
-                            dst[0] = from_f32<bf16>(x);
-                            if (d + 1 < D) dst[1] = from_f32<bf16>(y);
-                        }
-                    }
+                if (d < D) {
+                    if (h0 < H) store_pair(dq_row + h0 * D + d, dq_acc[dn][0], dq_acc[dn][1], d + 1 < D);
+                    if (h1 < H) store_pair(dq_row + h1 * D + d, dq_acc[dn][2], dq_acc[dn][3], d + 1 < D);
                 }
             }
             dw0 += __shfl_xor_sync(DSV4_FULL_MASK, dw0, 1);

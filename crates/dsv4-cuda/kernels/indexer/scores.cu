@@ -26,6 +26,7 @@
 // (`src/indexer.rs`, `ScoresTiles`) chooses them and mirrors the shared-memory size.
 // dsv4-test-defines: IDX_GATHER=1 IDX_BN=128
 // dsv4-test-defines: IDX_FUSED=1
+// dsv4-test-defines: IDX_BQ=4
 // dsv4-test-defines: IDX_H=17 IDX_D=40
 // dsv4-test-defines: IDX_H=64 IDX_D=256 IDX_NT=2
 // dsv4-test-defines: IDX_H=8 IDX_D=136 IDX_NT=2
@@ -82,9 +83,10 @@ constexpr int NTHREADS = NWARPS * 32;
 static_assert(BN % (NT * 8) == 0, "a tile must split into whole warp slabs of NT*8 keys");
 static_assert(NTHREADS >= 32 && NTHREADS <= 1024, "bad CTA size");
 static_assert((LDS * 2) % 16 == 0, "shared rows must stay 16-byte aligned");
+static_assert(!GATHER || NTHREADS >= BN, "gather: one thread per slot fetches the keys");
 
 // Shared memory (bytes), mirrored by `ScoresTiles::smem_bytes` in src/indexer.rs:
-//   sq  [BQ*HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sw [BQ*HPAD] f32 | sval [2][BN] i32
+//   sq  [BQ*HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sw [BQ*HPAD] f32 | sval [2][BN] i32 (gather: keys, -1 = masked)
 // and, fused only (sized at run time):
 //   SelectSmem (2304) | sort [sort_cap] u64 | srow [BQ][P] f32
 constexpr int SMEM_BYTES = (BQ * HPAD * LDS + 2 * BN * LDS) * 2 + BQ * HPAD * 4 + 2 * BN * 4;
@@ -92,7 +94,14 @@ static_assert(SMEM_BYTES <= 227 * 1024, "the tile does not fit in shared memory 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_scores(const IndexerScoresParams p) {
+// Gather mode is bound by shared memory to two CTAs per SM: let ptxas use the registers.
+#if IDX_GATHER
+#define IDX_SCORES_BOUNDS __launch_bounds__(NTHREADS, 1)
+#else
+#define IDX_SCORES_BOUNDS __launch_bounds__(NTHREADS)
+#endif
+
+extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* sq = reinterpret_cast<bf16*>(smem);
     bf16* skv = sq + BQ * HPAD * LDS;
@@ -140,16 +149,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_scores(const Inde
         }
     }
 
+    // Gather: slot `tid` of tile `tile`, its key if valid and visible, else -1. Keys are
+    // fetched into a register two tiles ahead and published in sval one tile ahead, so the
+    // row copies never wait on an index load in line (one thread per slot).
+    auto fetch_key = [&](int tile) -> int {
+        const i64 t = static_cast<i64>(tile) * BN + tid;
+        if (tid >= BN || t >= p.T) return -1;
+        const i64 key = load_int(p.topk, b * p.t_sb + s0 * p.t_ss + t * p.t_st, p.topk_is_i64);
+        return key >= 0 && key < vis_first ? static_cast<int>(key) : -1;
+    };
     auto load_tile = [&](int tile, int buf) {
         for (int e = tid; e < BN * DCH_PAD; e += NTHREADS) {
             const int c = e % DCH_PAD, j = e / DCH_PAD;
             i64 key;
             bool valid;
             if (GATHER) {
-                const i64 t = static_cast<i64>(tile) * BN + j;
-                key = t < p.T ? load_int(p.topk, b * p.t_sb + s0 * p.t_ss + t * p.t_st, p.topk_is_i64) : -1;
-                valid = key >= 0 && key < vis_first;
-                if (c == 0) sval[buf * BN + j] = valid;
+                key = sval[buf * BN + j];  // published by the caller
+                valid = key >= 0;
             } else {
                 key = static_cast<i64>(tile) * BN + j;
                 valid = key < n_keys;
@@ -164,29 +180,61 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_scores(const Inde
     const int kg = warp % KG;          // this warp's slab of NT*8 keys within the tile
     const int g = lane >> 2, c4 = lane & 3;
 
+    int next_key = -1;  // gather: slot tid of the tile after the one published next
     if (n_tiles > 0) {
+        if (GATHER) {
+            const int k0 = fetch_key(0);
+            next_key = fetch_key(1);
+            if (tid < BN) sval[tid] = k0;
+            __syncthreads();
+        }
         load_tile(0, 0);
         cp_async_commit();
     }
     for (int it = 0; it < n_tiles; ++it) {
         const int buf = it & 1;
-        if (it + 1 < n_tiles) {
-            load_tile(it + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();  // all but the tile just issued
+        if (GATHER) {
+            // sval / skv [buf^1] were last read in iteration it-1, which ended with a barrier.
+            if (it + 1 < n_tiles) {
+                if (tid < BN) sval[(buf ^ 1) * BN + tid] = next_key;
+                next_key = fetch_key(it + 2);
+            }
+            cp_async_wait<0>();  // tile it (and the q rows)
+            __syncthreads();     // ... for everyone; sval[buf^1] published
+            if (it + 1 < n_tiles) {
+                load_tile(it + 1, buf ^ 1);
+                cp_async_commit();
+            }
         } else {
-            cp_async_wait<0>();
+            if (it + 1 < n_tiles) {
+                load_tile(it + 1, buf ^ 1);
+                cp_async_commit();
+                cp_async_wait<1>();  // all but the tile just issued
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
         }
-        __syncthreads();
 
         // B fragments of this warp's keys, all k-steps: kv[key][k] is B^T, i.e. n-major.
         const bf16* kv_tile = skv + (buf * BN + kg * NT * 8) * LDS;
         u32 bfrag[KSTEPS][NT][2];
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            if (NT == 1) {
+                ldmatrix_x2(bfrag[ks][0], kv_tile + (lane & 7) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+            } else {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                ldmatrix_x2(bfrag[ks][nt], kv_tile + (nt * 8 + (lane & 7)) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                for (int nt = 0; nt + 1 < NT; nt += 2) {  // two n-tiles a load: lanes 16-31 address n-tile nt+1
+                    u32 r[4];
+                    ldmatrix_x4(r, kv_tile + (nt * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                    bfrag[ks][nt][0] = r[0];
+                    bfrag[ks][nt][1] = r[1];
+                    bfrag[ks][nt + 1][0] = r[2];
+                    bfrag[ks][nt + 1][1] = r[3];
+                }
+            }
+        }
 
         // part[nt][j] = sum over this lane's heads of w[h] * relu(A[h] . kv[key])
         float part[NT][2];
@@ -232,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_scores(const Inde
                     const int col = kg * NT * 8 + nt * 8 + 2 * c4 + j;
                     const i64 n = static_cast<i64>(it) * BN + col;  // key (dense) or slot (gather)
                     if (GATHER) {
-                        if (n < p.T) out_row[n] = sval[buf * BN + col] ? p.scale * part[nt][j] : neg_inf;
+                        if (n < p.T) out_row[n] = sval[buf * BN + col] >= 0 ? p.scale * part[nt][j] : neg_inf;
                     } else {
                         if (n < p.P) out_row[n] = n < vis ? p.scale * part[nt][j] : neg_inf;
                     }
@@ -248,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) indexer_scores(const Inde
         for (int qi = 0; qi < nq; ++qi) {
             const float* row = srow + static_cast<i64>(qi) * p.P;
             const i64 o = b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
-            select_topk_row<NTHREADS>([&](int i) { return score_key(row[i]); }, [&](int i) { return row[i]; }, p.P, p.k, ssel, ssort, p.idx + o, p.out + o);
+            select_topk_row<NTHREADS>([&](int i) { return score_key(row[i]); }, [&](int i) { return row[i]; }, p.P, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
         }
     }
 }

@@ -5,14 +5,19 @@
 //  1. key(x) = an order-preserving u32 of x (finite only; -0 is +0, non-finite is 0 and
 //     never selected).
 //  2. Radix select, 8 bits a pass from the top: a 256-bin histogram of the keys that
-//     share the prefix found so far, a suffix scan, and the bin where the count from the
+//     share the prefix found so far (first pass: warp-aggregated adds, as most keys share
+//     a few top bytes), a suffix scan, and the bin where the count from the
 //     top reaches the remaining rank. After 4 passes the threshold T is the K-th largest
 //     key and `need` says how many keys equal to T are taken. (When the row holds at most
 //     K finite scores, T = 0: all finite keys, need = 0.)
 //  3. Keys > T (fewer than K) are gathered as (key << 32 | ~index) and bitonic-sorted
-//     descending: score descending, index ascending.
-//  4. Keys == T are taken in index order (a block-wide ordered scan) right after the
-//     sorted ones until `need` are placed; the rest of the row is (-1, -inf).
+//     descending: score descending, index ascending. When the keys == T fit in the sort
+//     buffer too (the usual case: few exact ties), they are gathered and sorted with
+//     them: their order is index ascending, so the first `need` of them are the ones
+//     step 4 would take. Bitonic stages whose compare distance is below 64 stay within
+//     one warp's 64-entry blocks and synchronise the warp only.
+//  4. Otherwise keys == T are taken in index order (a block-wide ordered scan) right
+//     after the sorted ones until `need` are placed. The rest of the row is (-1, -inf).
 // Every output slot is written exactly once; the result does not depend on scheduling.
 #pragma once
 
@@ -34,7 +39,7 @@ constexpr int SELECT_BINS = 256;
 struct SelectSmem {
     u32 hist[SELECT_BINS];
     u32 suffix[SELECT_BINS];  // suffix[j] = hist[j] + ... + hist[255]
-    u32 misc[32];             // [0] selected bin, [1] remaining rank, [2] gathered count
+    u32 misc[32];             // [0] selected bin, [1] remaining rank, [2] gathered count, [3] keys in the selected bin
     u32 warp_sums[32];
 };
 static_assert(sizeof(SelectSmem) == 2304, "mirrored by the launchers");
@@ -63,24 +68,36 @@ __device__ __forceinline__ void select_suffix_scan(SelectSmem& sm) {
 }
 
 // Top-K of the row `key_at(i)` / `val_at(i)`, i < P, into idx_out[0..K) / val_out[0..K).
-// Called by every thread of the block (NTHREADS of them); `sort` holds a power of two
-// >= K entries. Starts with a barrier (the row may have just been written).
+// Called by every thread of the block (NTHREADS of them); `sort` holds `sort_cap` (a power
+// of two >= K) entries. Starts with a barrier (the row may have just been written).
 template <int NTHREADS, class KeyAt, class ValAt>
-__device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int* idx_out, float* val_out) {
+__device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out) {
     static_assert(NTHREADS % 32 == 0 && NTHREADS >= 32 && NTHREADS <= 1024, "whole warps");
     constexpr int NWARPS = NTHREADS / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // ---- 2. radix select ----------------------------------------------------------------
-    u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K);
+    u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K), in_bin = 0;
     bool all_finite = false;
     for (int shift = 24; shift >= 0; shift -= 8) {
         __syncthreads();  // the previous pass's readers of hist / misc are done
         for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
         __syncthreads();
-        for (int i = tid; i < P; i += NTHREADS) {
-            const u32 k = key_at(i);
-            if (k != 0u && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 0xffu], 1u);
+        if (shift == 24) {
+            // The top byte (sign and high exponent bits) puts most of a row in a few bins:
+            // the lanes of a warp that share a bin add once, by their lowest lane.
+            for (int start = 0; start < P; start += NTHREADS) {  // warp-uniform trip count
+                const int i = start + tid;
+                const u32 k = i < P ? key_at(i) : 0u;
+                const u32 bin = k != 0u ? (k >> 24) : SELECT_BINS;  // no prefix yet; SELECT_BINS = none
+                const u32 peers = __match_any_sync(DSV4_FULL_MASK, bin);
+                if (bin < SELECT_BINS && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], static_cast<u32>(__popc(peers)));
+            }
+        } else {
+            for (int i = tid; i < P; i += NTHREADS) {
+                const u32 k = key_at(i);
+                if (k != 0u && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 0xffu], 1u);
+            }
         }
         __syncthreads();
         select_suffix_scan(sm);
@@ -94,33 +111,42 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
             if (above < remaining && sm.suffix[t] >= remaining) {
                 sm.misc[0] = static_cast<u32>(t);
                 sm.misc[1] = remaining - above;
+                sm.misc[3] = sm.suffix[t] - above;
             }
         }
         __syncthreads();
         prefix |= sm.misc[0] << shift;
         mask |= 0xffu << shift;
         remaining = sm.misc[1];
+        in_bin = sm.misc[3];  // after the last pass: the count of keys == T
     }
     const u32 thr = all_finite ? 0u : prefix;
     const int need = all_finite ? 0 : static_cast<int>(remaining);
     const int n_gt = all_finite ? static_cast<int>(remaining) : K - need;  // keys > T, all taken
+    // Keys == T sorted along (block-uniform) when they fit.
+    const bool ties_sorted = !all_finite && static_cast<i64>(n_gt) + static_cast<i64>(in_bin) <= static_cast<i64>(sort_cap);
+    const int n_sort = ties_sorted ? n_gt + static_cast<int>(in_bin) : n_gt;
+    const int n_out = ties_sorted ? n_gt + need : n_gt;  // slots filled from the sorted list
 
-    // ---- 3. gather keys > T and sort them (score desc, index asc) ------------------------
+    // ---- 3. gather keys > T (and == T when they fit) and sort them (score desc, index asc)
     __syncthreads();  // everyone has read misc / suffix
     if (tid == 0) sm.misc[2] = 0;
     __syncthreads();
     for (int i = tid; i < P; i += NTHREADS) {
         const u32 k = key_at(i);
-        if (k > thr) {
+        if (ties_sorted ? k >= thr : k > thr) {  // thr > 0 when ties_sorted: key 0 never gathered
             const u32 pos = atomicAdd(&sm.misc[2], 1u);
             sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
         }
     }
     int n2 = 1;
-    while (n2 < n_gt) n2 <<= 1;
+    while (n2 < n_sort) n2 <<= 1;
     __syncthreads();
-    for (int i = n_gt + tid; i < n2; i += NTHREADS) sort[i] = 0ull;  // pads sort last
+    for (int i = n_sort + tid; i < n2; i += NTHREADS) sort[i] = 0ull;  // pads sort last
     __syncthreads();
+    // Stage (size, stride) touches entries [64m, 64m + 64) for compare indices i in
+    // [32m, 32m + 32) when stride <= 32: i = tid + r*NTHREADS keeps every such block in
+    // one warp, so only stages next to a stride >= 64 need the whole block.
     for (int size = 2; size <= n2; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             for (int i = tid; i < n2 / 2; i += NTHREADS) {
@@ -133,17 +159,23 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
                     sort[hi] = x;
                 }
             }
-            __syncthreads();
+            const int next_stride = stride > 1 ? stride >> 1 : size;  // first stride of the next size
+            if (stride >= 64 || next_stride >= 64) {
+                __syncthreads();
+            } else {
+                __syncwarp();
+            }
         }
     }
-    for (int j = tid; j < n_gt; j += NTHREADS) {
+    __syncthreads();
+    for (int j = tid; j < n_out; j += NTHREADS) {
         const int i = static_cast<int>(0xffffffffu - static_cast<u32>(sort[j] & 0xffffffffull));
         idx_out[j] = i;
         val_out[j] = val_at(i);
     }
 
-    // ---- 4. keys == T in index order, then the unfilled tail -----------------------------
-    int base = 0;  // keys == T placed so far (block-uniform)
+    // ---- 4. keys == T in index order (unless sorted above), then the unfilled tail ------
+    int base = ties_sorted ? need : 0;  // keys == T placed so far (block-uniform)
     for (int start = 0; start < P && base < need; start += NTHREADS) {
         const int i = start + tid;
         const bool hit = i < P && key_at(i) == thr;

@@ -29,5 +29,5 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) indexer_topk(const In
     }
     const auto key_at = [&](int i) -> u32 { return cached ? cache[i] : score_key(row[i * sp]); };
     const auto val_at = [&](int i) -> float { return row[i * sp]; };
-    select_topk_row<TOPK_THREADS>(key_at, val_at, p.P, p.K, sm, sort, p.idx + b * p.out_sb + s * p.out_ss, p.vals + b * p.out_sb + s * p.out_ss);
+    select_topk_row<TOPK_THREADS>(key_at, val_at, p.P, p.K, sm, sort, p.sort_cap, p.idx + b * p.out_sb + s * p.out_ss, p.vals + b * p.out_sb + s * p.out_ss);
 }

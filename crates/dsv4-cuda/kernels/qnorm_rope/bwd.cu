@@ -9,6 +9,9 @@
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8
 // dsv4-test-defines: QR_X_BF16=0 QR_G_BF16=0 QR_X_VEC=4 QR_G_VEC=4 QR_O_VEC=4
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=0
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=1 QR_U=2
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=1 QR_CPL=1 QR_U=2
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=4 QR_U=1
 #include "qnorm_rope/qnorm_rope.cuh"
 
 using namespace qnorm_rope;
@@ -71,3 +74,80 @@ extern "C" __global__ void __launch_bounds__(256) qnorm_rope_bwd(const QNormRope
         __syncwarp();  // the next row reuses this warp's staging buffers
     }
 }
+
+#if QR_X_BF16 && QR_G_BF16
+// Fast backward (bf16 x and grad, unit channel stride, 16-byte aligned rows and output):
+// see the header. Group `gid` (QR_LPR lanes) handles rows gid*QR_U .. gid*QR_U + QR_U - 1.
+extern "C" __global__ void __launch_bounds__(256) qnorm_rope_bwd_fast(const QNormRopeParams p) {
+    const int gl = threadIdx.x % QR_LPR;
+    const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QR_LPR;
+    const i64 n_rows = p.B * p.S * p.H, rot0 = p.C - p.R;
+    const bool small = n_rows <= 0xffffffffll;
+    const bf16* xs = static_cast<const bf16*>(p.x);
+    const bf16* gs = static_cast<const bf16*>(p.grad);
+    bf16* outs = static_cast<bf16*>(p.out);
+    RowIndex ix[QR_U];
+    uint4 xraw[QR_U][QR_CPL], graw[QR_U][QR_CPL];
+    float rstd[QR_U];
+    // Issue every load first.
+#pragma unroll
+    for (int u = 0; u < QR_U; ++u) {
+        const i64 r = gid * QR_U + u;
+        const bool ok = r < n_rows;
+        ix[u] = row_index_fast(p, ok ? r : 0, small);
+        const bf16* xr = xs + ix[u].b * p.x_stride[0] + ix[u].h * p.x_stride[1] + ix[u].s * p.x_stride[2];
+        const bf16* gr = gs + ix[u].b * p.g_stride[0] + ix[u].h * p.g_stride[1] + ix[u].s * p.g_stride[2];
+        rstd[u] = ok ? __ldg(p.rstd_in + r) : 0.f;
+#pragma unroll
+        for (int k = 0; k < QR_CPL; ++k) {
+            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+            const bool in = ok && c0 < p.C;
+            xraw[u][k] = in ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
+            graw[u][k] = in ? ld16(gr + c0) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < QR_U; ++u) {
+        const i64 r = gid * QR_U + u;
+        const float* cs = p.cos + ix[u].b * p.cos_stride[0] + ix[u].s * p.cos_stride[1];
+        const float* sn = p.sin + ix[u].b * p.sin_stride[0] + ix[u].s * p.sin_stride[1];
+        // g' = bf16(conjugate rotation of g's last R pairs), in place in gp.
+        float gp[QR_CPL][8];
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < QR_CPL; ++k) {
+            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+            unpack8(graw[u][k], gp[k]);
+            if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    const i64 e = c0 + i;
+                    if (e < rot0) continue;
+                    const i64 j = (e - rot0) / 2;
+                    const float cj = __ldg(cs + j * p.cos_stride[2]), sj = __ldg(sn + j * p.sin_stride[2]);
+                    const float ga = gp[k][i], gb = gp[k][i + 1];
+                    gp[k][i] = dsv4::round_bf16(__fadd_rn(__fmul_rn(ga, cj), __fmul_rn(gb, sj)));
+                    gp[k][i + 1] = dsv4::round_bf16(__fsub_rn(__fmul_rn(gb, cj), __fmul_rn(ga, sj)));
+                }
+            }
+            float xv[8];
+            unpack8(xraw[u][k], xv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd[u];  // mean_c(g' * xhat)
+        }
+        const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
+        if (r >= n_rows) continue;  // the whole group: r is the group's
+        bf16* o = outs + r * p.C;
+#pragma unroll
+        for (int k = 0; k < QR_CPL; ++k) {
+            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+            if (c0 >= p.C) continue;
+            float xv[8], v[8];
+            unpack8(xraw[u][k], xv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = rstd[u] * (gp[k][i] - xv[i] * rstd[u] * mean);  // dx
+            dsv4::store16(o + c0, v);
+        }
+    }
+}
+#endif

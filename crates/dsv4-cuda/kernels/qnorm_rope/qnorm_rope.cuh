@@ -1,9 +1,16 @@
 // Q RMSNorm + partial interleaved RoPE (SPEC.md section 5): params and helpers shared by
 // the forward and the backward.
 //
-// One warp per row (b, s, h), rows in token-major order r = (b*S + s)*H + h, so
-// consecutive warps write consecutive rows of the token-major output. Each warp stages its
-// row in shared memory (f32) so a channel can read its RoPE partner.
+// Two kernels per direction:
+// - `*_fast` (bf16 x, and grad backward, with unit channel stride and 16-byte aligned
+//   rows; 16-byte aligned output): a group of QR_LPR lanes per row, each lane holding
+//   QR_CPL 16-byte chunks of 8 channels in registers (a RoPE pair never straddles a
+//   chunk: chunks start at multiples of 8 and C - R is even), QR_U rows per group in
+//   flight, every load issued before any use; sums by shuffles over the group.
+// - the generic kernels (any strides, f32 x or grad): one warp per row, staged in shared
+//   memory (f32) so a channel can read its RoPE partner.
+// Rows run in token-major order r = (b*S + s)*H + h, so consecutive rows are written
+// consecutively and the heads of one token, which share cos/sin, run side by side.
 #pragma once
 #include "common.cuh"
 
@@ -26,6 +33,17 @@
 #endif
 #ifndef QR_O_VEC
 #define QR_O_VEC 1
+#endif
+// Fast kernels: lanes per row (a power of two <= 32), 16-byte chunks per lane
+// (QR_LPR * QR_CPL * 8 >= C), rows per lane group in flight.
+#ifndef QR_LPR
+#define QR_LPR 32
+#endif
+#ifndef QR_CPL
+#define QR_CPL 2
+#endif
+#ifndef QR_U
+#define QR_U 2
 #endif
 
 struct QNormRopeParams {
@@ -80,6 +98,29 @@ __device__ __forceinline__ RowIndex row_index(const QNormRopeParams& p, i64 r) {
     i.s = t % p.S;
     i.b = t / p.S;
     return i;
+}
+
+// Row r -> (b, h, s) in 32-bit arithmetic where the row count allows (the fast kernels).
+__device__ __forceinline__ RowIndex row_index_fast(const QNormRopeParams& p, i64 r, bool small) {
+    if (!small) return row_index(p, r);
+    const u32 H = (u32)p.H, S = (u32)p.S, rr = (u32)r;
+    const u32 t = rr / H;
+    RowIndex i;
+    i.h = rr - t * H;
+    i.b = t / S;
+    i.s = t - (u32)i.b * S;
+    return i;
+}
+
+// Raw 16-byte chunk: 8 bf16 packed in four words.
+__device__ __forceinline__ uint4 ld16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = dsv4::bf16_lo(w[i]);
+        v[2 * i + 1] = dsv4::bf16_hi(w[i]);
+    }
 }
 
 // VEC elements of a row starting at channel c0 (channel stride `cs`), as f32.

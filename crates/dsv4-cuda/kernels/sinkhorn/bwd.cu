@@ -1,68 +1,155 @@
-// Sinkhorn backward (SPEC.md section 4): recomputes the forward, keeping each step's
-// input u_k in shared memory (the tape), then walks the steps in reverse:
-//   step k:   v = u / den,  den = sums of u along the step's axis + eps
-//   reverse:  g <- (g - sums of g*v along the axis) / den     (v, den recomputed from u_k)
-//   softmax:  dx = z * (g - sum_j g_j z_j)                     (y0 = z + eps, so dz = g)
-// Shared memory: (2*repeat - 1) * n floats per lane, laid out [step][j][lane] so a warp's
-// accesses hit 32 distinct banks.
+// Sinkhorn backward (SPEC.md section 4), in f64: the backward of 2*repeat - 1 steps is
+// ill-conditioned enough (the softmax and the converged normalisations cancel most of
+// dout) that any f32 evaluation, the f32 CPU reference included, lands ~3e-5 of the row
+// scale away from the exact result on 65k random matrices; f64 keeps it below 1e-9.
 //
-// dsv4-test-defines: SINKHORN_N=8
-// dsv4-test-defines: SINKHORN_N=3
+// One thread per matrix. Recompute the forward from x (f64), storing only each step's n
+// denominators in shared memory, laid out [step][j][thread] (consecutive threads,
+// consecutive 8-byte words: conflict-free). Then walk the steps in reverse:
+//   step k:   v = u / den                        (v: the step's output)
+//   reverse:  g <- (g - sums of g*v along the axis) / den
+//             u  = v * den                        (the step's input, reconstructed)
+//   softmax:  dx = z * (g - sum_j g_j z_j),  z = y0 - eps   (y0 = z + eps, so dz = g)
+// The reconstruction error is a random walk of ~1 f64 ulp per step.
+// For n >= 7 the matrix v also lives in shared memory ([e][thread], after the tape): v and
+// g together would not fit in registers.
+//
+// dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1 SINKHORN_DVEC=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1
+// dsv4-test-defines: SINKHORN_N=7
+// dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
-extern "C" __global__ void __launch_bounds__(256) sinkhorn_bwd(const SinkhornParams p) {
-    extern __shared__ float tape[];                  // [2*repeat-1][N][blockDim.x]
-    const int lanes = blockDim.x;
-    const int row = threadIdx.x % G;
-    const int steps = 2 * p.repeat - 1;
-    const i64 per_sweep = (i64)gridDim.x * (blockDim.x / G);
-    const i64 warp_first = ((i64)blockIdx.x * blockDim.x + (threadIdx.x & ~31)) / G;
-    for (i64 base = warp_first; base < p.matrices; base += per_sweep) {
-        const i64 m = base + (threadIdx.x & 31) / G;
-        const bool valid = m < p.matrices && row < N;
-        float x[N], z[N], y[N], g[N];
-        load_row(p.x, p.x_layout, m, row, valid, x);
-        softmax_row(x, z);
+#if SINKHORN_N >= 7
+// v in shared memory, this thread's column of a [NN][blockDim.x] array.
+struct VMat {
+    double* p;
+    int stride;
+    __device__ __forceinline__ double& operator()(int e) { return p[e * stride]; }
+};
+#define SINKHORN_V_SMEM 1
+#else
+struct VMat {
+    double r[NN];
+    __device__ __forceinline__ double& operator()(int e) { return r[e]; }
+};
+#define SINKHORN_V_SMEM 0
+#endif
+
+// 1 / d for a normal positive d: the hardware approximation (MUFU.RCP64H, ~20 bits or
+// better) refined by two Newton steps (error squared each time: below an f64 ulp or so),
+// no slow path. The forward recompute and the backward invert the same d the same way.
+__device__ __forceinline__ double rcp(double d) {
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
+    r = fma(r, fma(-d, r, 1.0), r);
+    return fma(r, fma(-d, r, 1.0), r);
+}
+
+// Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
+// b = the summed index.
+template <bool ROWS> __device__ __forceinline__ int at(int a, int b) { return ROWS ? a * N + b : b * N + a; }
+
+// Forward step: v /= (sums along the axis + eps); records the denominators in tape[a*T].
+template <bool ROWS> __device__ __forceinline__ void fwd_step(VMat& v, double eps, double* tape, int T) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) y[j] = valid ? z[j] + p.eps : 0.f;
-        // Forward, recording each step's input.
-        for (int k = 0; k < steps; ++k) {
+    for (int a = 0; a < N; ++a) {
+        double d = eps;
 #pragma unroll
-            for (int j = 0; j < N; ++j) tape[(k * N + j) * lanes + threadIdx.x] = y[j];
-            step(y, is_row_step(k), p.eps);
-        }
-        load_row(p.dout, p.dout_layout, m, row, valid, g);
-        // Reverse: g <- (g - <g, v>_axis) / den.
-        for (int k = steps - 1; k >= 0; --k) {
-            const bool rows = is_row_step(k);
-            float u[N], den[N], gv[N];
+        for (int b = 0; b < N; ++b) d = __dadd_rn(d, v(at<ROWS>(a, b)));
+        tape[a * T] = d;
+        const double inv = rcp(d);
 #pragma unroll
-            for (int j = 0; j < N; ++j) u[j] = tape[(k * N + j) * lanes + threadIdx.x];
-            denominators(u, rows, p.eps, den);
+        for (int b = 0; b < N; ++b) v(at<ROWS>(a, b)) = __dmul_rn(v(at<ROWS>(a, b)), inv);
+    }
+}
+
+// Reverse of one step: g <- (g - <g, v>_axis) / den, then v <- v * den (the step's input).
+template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&g)[NN], const double* tape, int T) {
 #pragma unroll
-            for (int j = 0; j < N; ++j) gv[j] = g[j] * (u[j] / den[j]);  // g * v
-            if (rows) {
-                float dot = 0.f;
+    for (int a = 0; a < N; ++a) {
+        const double d = tape[a * T];
+        const double inv = rcp(d);
+        double dot = 0.0;
 #pragma unroll
-                for (int j = 0; j < N; ++j) dot += gv[j];
+        for (int b = 0; b < N; ++b) dot = fma(g[at<ROWS>(a, b)], v(at<ROWS>(a, b)), dot);
 #pragma unroll
-                for (int j = 0; j < N; ++j) g[j] = (g[j] - dot) / den[j];
-            } else {
-#pragma unroll
-                for (int j = 0; j < N; ++j) g[j] = (g[j] - dsv4::group_sum(gv[j], G)) / den[j];
-            }
-        }
-        // Softmax over the row: dx = z * (g - <g, z>).
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < N; ++j) s += g[j] * z[j];
-        if (valid) {
-            float* o = p.out + m * (N * N) + row * N;
-#pragma unroll
-            for (int j = 0; j < N; ++j) o[j] = z[j] * (g[j] - s);
+        for (int b = 0; b < N; ++b) {
+            const int e = at<ROWS>(a, b);
+            g[e] = (g[e] - dot) * inv;
+            v(e) = v(e) * d;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
+    extern __shared__ double smem[];  // tape [2*repeat-1][N][T]; then, n >= 7, v [NN][T]
+    const int T = blockDim.x, t = threadIdx.x;
+    const i64 m = (i64)blockIdx.x * T + t;
+    if (m >= p.matrices) return;  // no block-wide synchronisation below
+    double* tape = smem + t;
+    const double eps = (double)p.eps;
+    VMat v;
+#if SINKHORN_V_SMEM
+    v.p = smem + (i64)(2 * p.repeat - 1) * N * T + t;
+    v.stride = T;
+#endif
+    // y0 = softmax(x) + eps, in f64.
+    {
+        float x[NN];
+        load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            float mx = x[i * N];
+#pragma unroll
+            for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[i * N + j]);
+            double s = 0.0;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const double e = exp((double)x[i * N + j] - (double)mx);
+                v(i * N + j) = e;
+                s += e;
+            }
+            const double inv = 1.0 / s;
+#pragma unroll
+            for (int j = 0; j < N; ++j) v(i * N + j) = v(i * N + j) * inv + eps;
+        }
+    }
+    // Forward: step 0 (columns), then (rows, columns) repeat - 1 times.
+    fwd_step<false>(v, eps, tape, T);
+    for (int r = 1; r < p.repeat; ++r) {
+        fwd_step<true>(v, eps, tape + (i64)(2 * r - 1) * N * T, T);
+        fwd_step<false>(v, eps, tape + (i64)(2 * r) * N * T, T);
+    }
+    double g[NN];
+    {
+        float d[NN];
+        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
+#pragma unroll
+        for (int e = 0; e < NN; ++e) g[e] = (double)d[e];
+    }
+    for (int r = p.repeat - 1; r >= 1; --r) {
+        bwd_step<false>(v, g, tape + (i64)(2 * r) * N * T, T);
+        bwd_step<true>(v, g, tape + (i64)(2 * r - 1) * N * T, T);
+    }
+    bwd_step<false>(v, g, tape, T);
+    // Softmax over each row: dx = z * (g - <g, z>), z = y0 - eps.
+    float dx[NN];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        double z[N];
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            z[j] = v(i * N + j) - eps;
+            s = fma(g[i * N + j], z[j], s);
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) dx[i * N + j] = (float)(z[j] * (g[i * N + j] - s));
+    }
+    store_matrix(p.out, m, dx);
 }

@@ -2,8 +2,9 @@
 //   y = softmax(x, rows) + eps
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)
-// Sums run in index order from eps (as the reference); each denominator is inverted once
-// (IEEE round-to-nearest reciprocal) and multiplies its row / column.
+// Each denominator is inverted once (MUFU reciprocal; denominators are positive normal
+// floats >= eps) and multiplies a scale factor (below). 32 FP32 instructions per step at
+// n = 4 (16 FFMA sums, 4 FFMA + 4 MUFU + 4 FMUL).
 //
 // dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1
@@ -14,57 +15,72 @@
 
 using namespace sinkhorn;
 
-// y[i][:] /= (sum_j y[i][j] + eps)
-__device__ __forceinline__ void row_step(float (&y)[NN], float eps) {
+// 1 / d for a normal positive d: the hardware approximation (within 1 ulp). The forward is
+// contractive: emulated with a random 1-ulp reciprocal error on 65k matrices, repeat 20,
+// its max error stays 5e-7 of the row scale (bound 1e-5), as with exact division.
+__device__ __forceinline__ float rcp(float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return r;
+}
+
+// The steps as diagonal scalings: y = diag(a) K diag(b) with K = softmax + eps, so a step
+// touches n scale factors, not n*n entries:
+//   rows:    den_i = eps + a_i * sum_j K_ij b_j,  a_i /= den_i
+//   columns: den_j = eps + b_j * sum_i K_ij a_i,  b_j /= den_j
+// (the same denominators as summing the scaled entries, up to rounding).
+__device__ __forceinline__ void row_step(const float (&K)[NN], float (&a)[N], const float (&b)[N], float eps) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-        float d = eps;
+        float s = 0.f;
 #pragma unroll
-        for (int j = 0; j < N; ++j) d = __fadd_rn(d, y[i * N + j]);
-        const float inv = __frcp_rn(d);
-#pragma unroll
-        for (int j = 0; j < N; ++j) y[i * N + j] = __fmul_rn(y[i * N + j], inv);
+        for (int j = 0; j < N; ++j) s = fmaf(K[i * N + j], b[j], s);
+        a[i] = a[i] * rcp(fmaf(a[i], s, eps));
     }
 }
 
-// y[:][j] /= (sum_i y[i][j] + eps)
-__device__ __forceinline__ void col_step(float (&y)[NN], float eps) {
+__device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[N], float (&b)[N], float eps) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-        float d = eps;
+        float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < N; ++i) d = __fadd_rn(d, y[i * N + j]);
-        const float inv = __frcp_rn(d);
-#pragma unroll
-        for (int i = 0; i < N; ++i) y[i * N + j] = __fmul_rn(y[i * N + j], inv);
+        for (int i = 0; i < N; ++i) s = fmaf(K[i * N + j], a[i], s);
+        b[j] = b[j] * rcp(fmaf(b[j], s, eps));
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
     const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.matrices) return;
-    float y[NN];
-    load_matrix(p.x, p.x_layout, m, y);
-    // Softmax over each row, then + eps.
+    float K[NN];
+    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
+    // K = softmax over each row + eps.
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-        float mx = y[i * N];
+        float mx = K[i * N];
 #pragma unroll
-        for (int j = 1; j < N; ++j) mx = fmaxf(mx, y[i * N + j]);
+        for (int j = 1; j < N; ++j) mx = fmaxf(mx, K[i * N + j]);
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            y[i * N + j] = expf(y[i * N + j] - mx);
-            s = __fadd_rn(s, y[i * N + j]);
+            K[i * N + j] = expf(K[i * N + j] - mx);
+            s = __fadd_rn(s, K[i * N + j]);
         }
-        const float inv = __frcp_rn(s);
+        const float inv = rcp(s);
 #pragma unroll
-        for (int j = 0; j < N; ++j) y[i * N + j] = __fadd_rn(__fmul_rn(y[i * N + j], inv), p.eps);
+        for (int j = 0; j < N; ++j) K[i * N + j] = __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
     }
-    col_step(y, p.eps);
+    float a[N], b[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f;
+    col_step(K, a, b, p.eps);
     for (int k = 1; k < p.repeat; ++k) {
-        row_step(y, p.eps);
-        col_step(y, p.eps);
+        row_step(K, a, b, p.eps);
+        col_step(K, a, b, p.eps);
     }
-    store_matrix(p.out, m, y);
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) K[i * N + j] = __fmul_rn(__fmul_rn(K[i * N + j], a[i]), b[j]);
+    store_matrix(p.out, m, K);
 }

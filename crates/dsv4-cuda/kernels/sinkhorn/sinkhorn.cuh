@@ -16,14 +16,18 @@
 #if SINKHORN_N < 1 || SINKHORN_N > 8
 #error "SINKHORN_N must be in [1, 8]"
 #endif
-// 1: x (and, backward, dout) are contiguous [M, n, n] with 16-byte aligned bases and n*n a
-// multiple of 4, and out's base is 16-byte aligned: float4 loads and stores. 0: the
-// generic strided path (any layout of x and dout; out contiguous, scalar stores).
+// 1: x is contiguous [M, n, n] with a 16-byte aligned base, n*n a multiple of 4, and
+// out's base is 16-byte aligned: float4 loads of x and stores of out. 0: the generic
+// strided path (any layout of x; out contiguous, scalar stores).
 #ifndef SINKHORN_VEC
 #define SINKHORN_VEC 0
 #endif
-#if SINKHORN_VEC && (SINKHORN_N * SINKHORN_N) % 4 != 0
-#error "SINKHORN_VEC needs n*n to be a multiple of 4"
+// Backward: the same for dout (float4 loads where contiguous and aligned).
+#ifndef SINKHORN_DVEC
+#define SINKHORN_DVEC 0
+#endif
+#if (SINKHORN_VEC || SINKHORN_DVEC) && (SINKHORN_N * SINKHORN_N) % 4 != 0
+#error "SINKHORN_VEC / SINKHORN_DVEC need n*n to be a multiple of 4"
 #endif
 
 #define SINKHORN_MAX_LEAD 6
@@ -72,23 +76,23 @@ __device__ __forceinline__ i64 matrix_offset(const SinkhornLayout& l, i64 m) {
     return off;
 }
 
-// Matrix m as f32, row-major in `a`.
+// Matrix m as f32, row-major in `a`: float4 loads when VEC (contiguous, aligned).
+template <bool VEC>
 __device__ __forceinline__ void load_matrix(const float* p, const SinkhornLayout& l, i64 m, float (&a)[NN]) {
-#if SINKHORN_VEC
-    (void)l;
-    const float4* q = reinterpret_cast<const float4*>(p + m * NN);
+    if constexpr (VEC && NN % 4 == 0) {
+        const float4* q = reinterpret_cast<const float4*>(p + m * NN);
 #pragma unroll
-    for (int e = 0; e < NN / 4; ++e) {
-        const float4 v = __ldg(q + e);
-        a[4 * e] = v.x, a[4 * e + 1] = v.y, a[4 * e + 2] = v.z, a[4 * e + 3] = v.w;
+        for (int e = 0; e < NN / 4; ++e) {
+            const float4 v = __ldg(q + e);
+            a[4 * e] = v.x, a[4 * e + 1] = v.y, a[4 * e + 2] = v.z, a[4 * e + 3] = v.w;
+        }
+    } else {
+        const float* b = p + matrix_offset(l, m);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+            for (int j = 0; j < N; ++j) a[i * N + j] = __ldg(b + i * l.row_stride + j * l.col_stride);
     }
-#else
-    const float* b = p + matrix_offset(l, m);
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int j = 0; j < N; ++j) a[i * N + j] = __ldg(b + i * l.row_stride + j * l.col_stride);
-#endif
 }
 
 // Matrix m of the contiguous [M, n, n] output.

@@ -1,11 +1,13 @@
 // Sparse MQA attention with sinks, backward (SPEC.md section 1). With p_t = exp(l_t - lse),
 // delta = <dout, out>, dS = sm_scale * p (dout.k - delta):
 //   dq      = dS K                                  (f32 registers, written once per row)
-//   dkv[k] += dS^T Q + P^T dO   over the slots of k (f32: atomics or a CTA-private partial)
+//   dkv[k] += dS^T Q + P^T dO   over the slots of k (f32: atomics, or per-slot contributions
+//                                                   summed per key in a fixed order)
 //   dsinks  = - sum_rows p_sink * delta             (per-row partials, summed by bwd_reduce.cu)
 //
 // One CTA = one chunk: a batch b, a block of SA_HB heads and consecutive rows of b walked
-// in order (atomic mode: one row). Per row, Q and dO (HB x D) sit in shared memory, delta
+// in order (the launcher uses one row; deterministic mode: row chunk_base + blockIdx.x /
+// n_hblk of a wave of rows). Per row, Q and dO (HB x D) sit in shared memory, delta
 // is computed from out and dout (the FlashAttention preprocess, fused: one CTA owns the
 // row), and the slots are walked in tiles of SA_BN keys gathered into a double buffer that
 // serves as K and as V. Per tile:
@@ -13,9 +15,13 @@
 //   dq += dS K               warp (m, j): heads m*16.., columns j*DW ..
 //   dKV = dS^T Q + P^T dO    the BN x D tile in two column halves; each half is staged as f32
 //                            in the consumed K/V buffer, repeated keys of the tile are summed
-//                            into their first slot in slot order, then each (key, column) is
-//                            added once: f32 atomicAdd (atomic) or a plain read-modify-write
-//                            of the CTA's own partial (deterministic: fixed order everywhere).
+//                            into their first slot in slot order (skipped when the tile has
+//                            no repeated key), then each (key, 4 columns) is added once: one
+//                            16-byte f32 vector reduction red.global.add.v4.f32 (sm_90+; four
+//                            atomicAdd on sm_80). Deterministic: no sum here; each valid
+//                            slot's f32 row is stored to contributions [rows of the wave, T,
+//                            n_hblk, D], and bwd_reduce.cu sums them per key in (row, slot,
+//                            head block) order through an inverted index.
 //
 // dsv4-test-defines: SA_D=64 SA_HB=16 SA_BN=64 SA_DW=64
 // dsv4-test-defines: SA_D=128 SA_HB=64 SA_BN=64 SA_DW=128 SA_NATURAL_EXP=1
@@ -55,6 +61,8 @@ constexpr int kNW = kMW * kWD;
 constexpr int kThreads = kNW * 32;
 constexpr int kNB = kBN / 8;
 constexpr int kNBW = (kNB + kWD - 1) / kWD;
+// Every warp owns the same even number of slot blocks: their K fragments load in pairs.
+constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;
 constexpr int kHalf = kD / 2;            // dKV columns per staged pass
 constexpr int kST = kHalf + 4;           // staged row stride (f32): BN * kST * 4 == BN * QS * 2
@@ -110,16 +118,29 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
     const int wm = warp / kWD, wd = warp % kWD;
     const int g = lane >> 2, c4 = lane & 3;
 
-    // chunk c = ((b * n_hblk) + hb) * chunks_per_bh + sr
-    const int c = p.chunk_base + static_cast<int>(blockIdx.x);
     const int n_hblk = (p.H + kHB - 1) / kHB;
-    const int sr = c % p.chunks_per_bh;
-    const int hb = (c / p.chunks_per_bh) % n_hblk;
-    const int b = c / p.chunks_per_bh / n_hblk;
+    int b, hb, s_begin, s_end;
+    float* dkv_t;  // atomic: dkv of batch b; deterministic: this row's contributions [T, n_hblk, D]
+    if (p.deterministic) {
+        // blockIdx.x = local * n_hblk + hb: row chunk_base + local of the wave (one row)
+        const int local = static_cast<int>(blockIdx.x) / n_hblk;
+        hb = static_cast<int>(blockIdx.x) % n_hblk;
+        const int row = p.chunk_base + local;
+        b = row / p.S;
+        s_begin = row % p.S;
+        s_end = s_begin + 1;
+        dkv_t = p.dkv + static_cast<i64>(local) * p.T * n_hblk * kD;
+    } else {
+        // chunk c = ((b * n_hblk) + hb) * chunks_per_bh + sr
+        const int c = p.chunk_base + static_cast<int>(blockIdx.x);
+        const int sr = c % p.chunks_per_bh;
+        hb = (c / p.chunks_per_bh) % n_hblk;
+        b = c / p.chunks_per_bh / n_hblk;
+        s_begin = sr * p.rows_per_chunk;
+        s_end = min(p.S, s_begin + p.rows_per_chunk);
+        dkv_t = p.dkv + static_cast<i64>(b) * p.K * kD;
+    }
     const int h0 = hb * kHB;
-    const int s_begin = sr * p.rows_per_chunk;
-    const int s_end = min(p.S, s_begin + p.rows_per_chunk);
-    float* dkv_t = p.dkv + static_cast<i64>(p.deterministic ? c - p.chunk_base : b) * p.K * kD;
     const bf16* kv_b = p.kv + b * p.kv_sb;
     const i64 bias = b * p.idx_bias;
     const float s_scale = p.sm_scale * kLogScale;
@@ -207,14 +228,27 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                     u32 aq[4], ado[4];
                     ldsm_x4(aq, q_s + (wm * 16 + (lane & 15)) * QS + kk + (lane >> 4) * 8);
                     ldsm_x4(ado, do_s + (wm * 16 + (lane & 15)) * QS + kk + (lane >> 4) * 8);
+                    if constexpr (kPairB) {
+                        // Slot blocks i, i+1 in one ldmatrix.x4: matrices (k lo, k hi) of block i, then of i+1.
 #pragma unroll
-                    for (int i = 0; i < kNBW; ++i) {
-                        const int nb = wd + i * kWD;
-                        if (nb < kNB) {
-                            u32 bk[2];
-                            ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                        for (int i = 0; i < kNBW; i += 2) {
+                            u32 bk[4];
+                            ldsm_x4(bk, kt + ((wd + (i + (lane >> 4)) * kWD) * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
                             mma_bf16(sacc[i], aq, bk[0], bk[1]);
                             mma_bf16(dpacc[i], ado, bk[0], bk[1]);
+                            mma_bf16(sacc[i + 1], aq, bk[2], bk[3]);
+                            mma_bf16(dpacc[i + 1], ado, bk[2], bk[3]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < kNBW; ++i) {
+                            const int nb = wd + i * kWD;
+                            if (nb < kNB) {
+                                u32 bk[2];
+                                ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                                mma_bf16(sacc[i], aq, bk[0], bk[1]);
+                                mma_bf16(dpacc[i], ado, bk[0], bk[1]);
+                            }
                         }
                     }
                 }
@@ -238,6 +272,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                 }
             }
             // first_s[r]: the first slot of this tile holding r's key (r when unique)
+            bool repeat = false;  // this thread saw a repeated key
             for (int r = tid; r < kBN; r += kThreads) {
                 const int key = keys[r];
                 int f = r;
@@ -250,8 +285,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                     }
                 }
                 first_s[r] = f;
+                repeat |= f != r;
             }
-            __syncthreads();
+            const bool tile_repeats = __syncthreads_or(repeat);  // uniform: the sum below is skipped by all or none
 
             // dq += dS K
 #pragma unroll
@@ -305,18 +341,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                     }
                 }
                 __syncthreads();
-                // Repeated keys: summed into their first slot, in slot order.
-                for (int cc = tid; cc < kHalf; cc += kThreads) {
-                    for (int r = 1; r < kBN; ++r) {
-                        const int f = first_s[r];
-                        if (f != r) stage[f * kST + cc] += stage[r * kST + cc];
+                // Repeated keys (atomic): summed into their first slot, in slot order. The
+                // deterministic mode stores every slot's own contribution.
+                if (tile_repeats && !p.deterministic) {
+                    for (int cc = tid; cc < kHalf; cc += kThreads) {
+                        for (int r = 1; r < kBN; ++r) {
+                            const int f = first_s[r];
+                            if (f != r) stage[f * kST + cc] += stage[r * kST + cc];
+                        }
                     }
+                    __syncthreads();
                 }
-                __syncthreads();
-                // Each (key, 4 columns) once: distinct addresses, so any thread may take any.
-                // Four consecutive columns per instruction: one 16-byte vector reduction
-                // (sm_90) or a 16-byte read-modify-write of the CTA's own partial.
+                // Atomic: each (key, 4 columns) once, one 16-byte vector reduction (distinct
+                // addresses, so any thread may take any). Deterministic: each (slot, 4 columns)
+                // stored to the row's contributions, summed per key later in a fixed order.
                 float* dst = dkv_t + half * kHalf;
+                const int t0 = j * kBN;
                 constexpr int kVec = kHalf / 4;  // float4s per staged row
                 constexpr int kFlushUnroll = 2;
                 for (int e0 = tid; e0 < kBN * kVec; e0 += kThreads * kFlushUnroll) {
@@ -330,19 +370,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                         if (e < kBN * kVec) {
                             const int r = e / kVec, cc = (e % kVec) * 4;
                             const int key = keys[r];
-                            if (key >= 0 && first_s[r] == r) {
-                                ptr[u] = dst + static_cast<i64>(key) * kD + cc;
+                            if (key >= 0 && (p.deterministic || first_s[r] == r)) {
+                                ptr[u] = dst + (p.deterministic ? (static_cast<i64>(t0 + r) * n_hblk + hb) * kD : static_cast<i64>(key) * kD) + cc;
                                 val[u] = *reinterpret_cast<const float4*>(stage + r * kST + cc);
                             }
                         }
                     }
                     if (p.deterministic) {
-                        float4 old[kFlushUnroll];
-#pragma unroll
-                        for (int u = 0; u < kFlushUnroll; ++u) old[u] = ptr[u] ? *reinterpret_cast<const float4*>(ptr[u]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
                         for (int u = 0; u < kFlushUnroll; ++u)
-                            if (ptr[u]) *reinterpret_cast<float4*>(ptr[u]) = make_float4(old[u].x + val[u].x, old[u].y + val[u].y, old[u].z + val[u].z, old[u].w + val[u].w);
+                            if (ptr[u]) *reinterpret_cast<float4*>(ptr[u]) = val[u];
                     } else {
 #pragma unroll
                         for (int u = 0; u < kFlushUnroll; ++u)

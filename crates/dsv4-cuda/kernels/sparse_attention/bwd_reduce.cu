@@ -1,26 +1,137 @@
 // Reductions after the sparse-attention backward main kernel (bwd.cu), each in a fixed
 // order so the deterministic backward is bitwise reproducible:
-//   sparse_attn_dkv_reduce:   acc[b] += sum of the wave's partials of batch b, in chunk order
+//   sparse_attn_inv_*:        deterministic dkv: per wave of rows, an inverted index (key ->
+//                             its (row, slot) entries in order) and acc[g] += the sum of
+//                             g's contributions in that order
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
+#include "sparse_attention/tile.cuh"
 
 using namespace dsv4;
 
-// acc[b, e] += sum_{chunks c of the wave with batch(c) == b, ascending} partial[c - base, e]
-extern "C" __global__ void __launch_bounds__(256) sparse_attn_dkv_reduce(const SparseAttnDkvReduceParams p) {
-    const i64 total = static_cast<i64>(p.B) * p.n;
-    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-        const int b = static_cast<int>(i / p.n);
-        const i64 e = i % p.n;
-        const int lo = max(p.chunk_base, b * p.chunks_per_batch);
-        const int hi = min(p.chunk_base + p.n_chunks, (b + 1) * p.chunks_per_batch);
-        if (lo >= hi) continue;
-        float sum = p.acc[i];
-        for (int c = lo; c < hi; ++c) sum += p.partial[static_cast<i64>(c - p.chunk_base) * p.n + e];
-        p.acc[i] = sum;
+// Deterministic dkv (params.cuh, SparseAttnInvIndexParams): the contributions of a wave of
+// rows summed per key in a fixed order, through an inverted index built per wave.
+
+// counts[rb][g] += 1 for every valid slot of block rb's rows (one CTA per block).
+extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const SparseAttnInvIndexParams p) {
+    const int rb = blockIdx.x;
+    const int l0 = rb * p.rows_per_rb, l1 = min(p.n_rows, l0 + p.rows_per_rb);
+    const i64 n = static_cast<i64>(max(0, l1 - l0)) * p.T;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
+        const int row = p.row_base + l0 + static_cast<int>(i / p.T), t = static_cast<int>(i % p.T);
+        const int b = row / p.S, s = row % p.S;
+        const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+        const int key = sa::slot_key(p.idx, b * p.idx_sb + s * p.idx_ss, p.idx_st, p.idx_is_i64, b * p.idx_bias, n_slots, p.K, t, false);
+        if (key >= 0) atomicAdd(&p.counts[rb * p.G + static_cast<i64>(b) * p.K + key], 1);  // a count: order-free
+    }
+}
+
+// Per key g: counts[rb][g] <- slots of g in blocks before rb; colptr[g + 1] <- slots of g.
+extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_scan_rb(const SparseAttnInvIndexParams p) {
+    for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < p.G; g += static_cast<i64>(gridDim.x) * blockDim.x) {
+        int run = 0;
+        for (int rb = 0; rb < p.n_rb; ++rb) {
+            const int c = p.counts[rb * p.G + g];
+            p.counts[rb * p.G + g] = run;
+            run += c;
+        }
+        p.colptr[g + 1] = run;
+    }
+}
+
+// colptr[0] = 0, colptr[g + 1] = slots of keys 0..g (one CTA of 1024 threads, blocks of
+// 1024 keys in order, each an inclusive warp scan plus the warps before it).
+extern "C" __global__ void __launch_bounds__(1024) sparse_attn_inv_scan_keys(const SparseAttnInvIndexParams p) {
+    __shared__ int warp_tot[32];
+    __shared__ int offset;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        offset = 0;
+        p.colptr[0] = 0;
+    }
+    __syncthreads();
+    for (i64 base = 0; base < p.G; base += 1024) {
+        const i64 g = base + threadIdx.x;
+        int x = g < p.G ? p.colptr[g + 1] : 0;
+        for (int o = 1; o < 32; o *= 2) {
+            const int y = __shfl_up_sync(DSV4_FULL_MASK, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) warp_tot[warp] = x;
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < 32; ++w) {
+            before += w < warp ? warp_tot[w] : 0;
+            total += warp_tot[w];
+        }
+        const int off = offset;
+        if (g < p.G) p.colptr[g + 1] = off + before + x;
+        __syncthreads();
+        if (threadIdx.x == 0) offset = off + total;
+        __syncthreads();
+    }
+}
+
+// entries[colptr[g] + counts[rb][g] + (earlier slots of g in the block)] = local * T + t, so
+// each key's entries run in (row, slot) order. One warp per block walks its rows and their
+// slots in order, 32 slots at a time; lanes holding the same key take ranks in lane order.
+extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const SparseAttnInvIndexParams p) {
+    const int rb = blockIdx.x, lane = threadIdx.x;
+    const int l0 = rb * p.rows_per_rb, l1 = min(p.n_rows, l0 + p.rows_per_rb);
+    i32* cursor = p.counts + rb * p.G;
+    for (int local = l0; local < l1; ++local) {
+        const int row = p.row_base + local;
+        const int b = row / p.S, s = row % p.S;
+        const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+        for (int t0 = 0; t0 < n_slots; t0 += 32) {
+            const int t = t0 + lane;
+            const int key = sa::slot_key(p.idx, b * p.idx_sb + s * p.idx_ss, p.idx_st, p.idx_is_i64, b * p.idx_bias, n_slots, p.K, t, false);
+            const i64 g = static_cast<i64>(b) * p.K + key;
+            // invalid lanes get distinct negative values: they match no one
+            const u32 peers = __match_any_sync(DSV4_FULL_MASK, key >= 0 ? static_cast<long long>(g) : -1LL - lane);
+            const int rank = __popc(peers & ((1u << lane) - 1u));
+            const int cur = key >= 0 ? cursor[g] : 0;
+            __syncwarp();  // every lane has read its cursor before a leader advances it
+            if (key >= 0) {
+                p.entries[p.colptr[g] + cur + rank] = local * p.T + t;
+                if (rank == 0) cursor[g] = cur + __popc(peers);
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// acc[g] += sum over g's entries e (in order) of sum over head blocks hb (in order) of
+// contrib[e, hb]: one CTA per key, D/4 threads of 4 columns each.
+extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const SparseAttnInvIndexParams p) {
+    const int n4 = p.D / 4;
+    const int c = threadIdx.x;
+    const float4* contrib = reinterpret_cast<const float4*>(p.contrib);
+    float4* acc = reinterpret_cast<float4*>(p.acc);
+    for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
+        const int lo = p.colptr[g], hi = p.colptr[g + 1];
+        if (lo == hi || c >= n4) continue;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
+            const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
+            for (int hb = 0; hb < p.n_hblk; ++hb) {
+                const float4 v = contrib[(base + hb) * n4 + c];
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+        }
+        float4 a = acc[g * n4 + c];
+        a.x += sum.x;
+        a.y += sum.y;
+        a.z += sum.z;
+        a.w += sum.w;
+        acc[g * n4 + c] = a;
     }
 }
 

@@ -56,6 +56,8 @@ constexpr int kNW = kMW * kWD;           // warps per CTA
 constexpr int kThreads = kNW * 32;
 constexpr int kNB = kBN / 8;             // 8-slot blocks per tile
 constexpr int kNBW = (kNB + kWD - 1) / kWD;  // slot blocks per warp in S = Q K^T
+// Every warp owns the same even number of slot blocks: their K fragments load in pairs.
+constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;          // 16-byte chunks per row
 using L = FwdLayout<kD, kHB, kBN>;
 constexpr int QS = L::QS, SS = L::SS, PS = L::PS;
@@ -152,13 +154,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
             for (int kk = 0; kk < kD; kk += 16) {
                 u32 a[4];
                 ldsm_x4(a, q_s + (wm * 16 + (lane & 15)) * QS + kk + (lane >> 4) * 8);
+                if constexpr (kPairB) {
+                    // Slot blocks i, i+1 in one ldmatrix.x4: matrices (k lo, k hi) of block i, then of i+1.
 #pragma unroll
-                for (int i = 0; i < kNBW; ++i) {
-                    const int nb = wd + i * kWD;
-                    if (nb < kNB) {
-                        u32 bk[2];
-                        ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                    for (int i = 0; i < kNBW; i += 2) {
+                        u32 bk[4];
+                        ldsm_x4(bk, kt + ((wd + (i + (lane >> 4)) * kWD) * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
                         mma_bf16(acc[i], a, bk[0], bk[1]);
+                        mma_bf16(acc[i + 1], a, bk[2], bk[3]);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < kNBW; ++i) {
+                        const int nb = wd + i * kWD;
+                        if (nb < kNB) {
+                            u32 bk[2];
+                            ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                            mma_bf16(acc[i], a, bk[0], bk[1]);
+                        }
                     }
                 }
             }

@@ -33,8 +33,10 @@ struct SparseAttnFwdParams {
 DSV4_PARAMS_SIZE(SparseAttnFwdParams, 168);
 
 // bwd.cu: `sparse_attention` backward, both reductions of dkv.
-// A CTA owns one chunk = (batch b, head block, consecutive rows s of b); chunk
+// Atomic: a CTA owns one chunk = (batch b, head block, consecutive rows s of b); chunk
 // c = ((b * n_head_blocks) + head_block) * chunks_per_bh + row_chunk.
+// Deterministic: CTA i owns row chunk_base + i / n_head_blocks (a B*S index) and head block
+// i % n_head_blocks, and stores its per-slot dkv contributions instead of adding them.
 struct SparseAttnBwdParams {
     const bf16* q;         // [B,S,H,D], d-stride 1, rows 16-byte aligned
     const bf16* kv;        // [B,K,D], d-stride 1, rows 16-byte aligned
@@ -45,7 +47,7 @@ struct SparseAttnBwdParams {
     const bf16* dout;      // [B,S,H,D] gradient of out, d-stride 1, rows 16-byte aligned
     const float* lse;      // [B,S,H] forward log-normaliser (natural log), any strides
     bf16* dq;              // [B,S,H,D] out, contiguous
-    float* dkv;            // atomic: [B,K,D] f32 zeroed; deterministic: partials [chunks of this launch, K, D] zeroed
+    float* dkv;            // atomic: [B,K,D] f32 zeroed; deterministic: contributions [rows of the wave, T, n_head_blocks, D] out
     float* dsinks_part;    // [B*S, H] out: -p_sink * delta per row and head (0 for an empty row)
     i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
     i64 kv_sb, kv_sk;      // kv strides of b, k
@@ -58,27 +60,44 @@ struct SparseAttnBwdParams {
     i32 B, S, H, K, T;
     i32 idx_is_i64;        // idx's element type
     i32 smem_bytes;        // dynamic shared memory of the launch (checked against the layout)
-    i32 rows_per_chunk;    // consecutive rows one CTA walks through, in order (atomic: 1)
-    i32 chunks_per_bh;     // row chunks per (batch, head block) = ceil(S / rows_per_chunk)
-    i32 chunk_base;        // chunk of blockIdx.x == 0 (deterministic mode launches in waves)
-    i32 deterministic;     // 1: plain read-modify-write of the CTA's own partial; 0: f32 atomics
+    i32 rows_per_chunk;    // atomic: consecutive rows one CTA walks through, in order
+    i32 chunks_per_bh;     // atomic: row chunks per (batch, head block) = ceil(S / rows_per_chunk)
+    i32 chunk_base;        // atomic: chunk of blockIdx.x == 0; deterministic: first row of the wave
+    i32 deterministic;     // 1: per-slot contributions stored; 0: f32 atomics into dkv
     i32 all_rows_nonempty; // 1: the caller promises every row has a valid slot
     float sm_scale;
     i32 pad_;
 };
 DSV4_PARAMS_SIZE(SparseAttnBwdParams, 296);
 
-// bwd_reduce.cu: deterministic mode's fixed-order sum of one wave of partials into acc.
-struct SparseAttnDkvReduceParams {
-    const float* partial;  // [n_chunks, K*D], chunk i of the wave = global chunk chunk_base + i
-    float* acc;            // [B, K*D] in/out f32
-    i64 n;                 // K*D
-    i32 B;
-    i32 chunk_base;        // first chunk of the wave
-    i32 n_chunks;          // chunks in the wave
-    i32 chunks_per_batch;  // n_head_blocks * chunks_per_bh
+// bwd_reduce.cu: deterministic mode's inverted index of one wave of rows [row_base,
+// row_base + n_rows) (B*S indices) and the fixed-order sum of its contributions. An entry
+// is local * T + t (row row_base + local, slot t); G = B*K global keys g = b*K + k.
+// The rows are split into n_rb blocks of rows_per_rb consecutive rows; per (block, key):
+//   counts  (sparse_attn_inv_count)    valid slots of the block holding the key
+//   scan    (sparse_attn_inv_scan_rb)  counts[rb][g] -> slots of g in blocks before rb;
+//                                      colptr[g + 1] = slots of g in the wave
+//           (sparse_attn_inv_scan_keys) colptr = exclusive prefix over g (colptr[0] = 0)
+//   fill    (sparse_attn_inv_fill)     entries[colptr[g] + ...] in (row, slot) order per g
+//   reduce  (sparse_attn_inv_reduce)   acc[g] += sum over g's entries, in entry order, of
+//                                      the head blocks' contributions, in head-block order
+struct SparseAttnInvIndexParams {
+    const void* idx;       // as SparseAttnBwdParams::idx
+    const i32* row_len;    // [B*S] or null, as SparseAttnBwdParams::row_len
+    i32* counts;           // [n_rb, G]: zeroed before count; per-block cursors after scan_rb
+    i32* colptr;           // [G + 1]
+    i32* entries;          // [n_rows * T]: entry ids grouped by key (first colptr[G] used)
+    const float* contrib;  // [n_rows, T, n_hblk, D] (reduce)
+    float* acc;            // [G, D] in/out f32 (reduce)
+    i64 idx_sb, idx_ss, idx_st;  // idx strides of b, s, t
+    i64 idx_bias;          // key = idx - b * idx_bias
+    i64 G;                 // B * K
+    i32 row_base, n_rows, rows_per_rb, n_rb;
+    i32 S, K, T, D;
+    i32 n_hblk;
+    i32 idx_is_i64;
 };
-DSV4_PARAMS_SIZE(SparseAttnDkvReduceParams, 40);
+DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 136);
 
 // bwd_reduce.cu: f32 accumulator -> bf16 gradient.
 struct SparseAttnConvertParams {
