@@ -178,14 +178,41 @@ fn run_sparse_attention(c: &Case, tg: &Target) -> Result<Vec<Judgement>> {
     out.push(j(c, "out", &o, c.t("out")?, Tolerance::Bf16)?);
     out.push(j(c, "dense_out", &sa::dense_attention_topk(tg.backend, &args)?, c.t("dense_out")?, Tolerance::Bf16)?);
     let dout = tg.put(c.t("grad_out")?, tg.input_dtype)?;
+    // SPEC.md section 8 judges a backend against the reference *on the same inputs*. The
+    // golden gradients were made from an f32 `grad_out` (and f32 `out` inside delta); a
+    // bf16 backend reads `grad_out` rounded to bf16 and its own bf16 `out`, which alone
+    // moves dq by up to 3 % and dsinks by up to 0.7 % on the large-logit case (measured
+    // by an f64 replay). So when rounding changed `grad_out`, the backward is judged
+    // against the reference backend fed exactly what the backend was fed.
+    let want = |name: &str, got_same_inputs: &Option<(Tensor, Tensor, Tensor)>, i: usize| -> Result<Tensor> {
+        match got_same_inputs {
+            None => Ok(c.t(name)?.clone()),
+            Some(r) => Ok([&r.0, &r.1, &r.2][i].clone()),
+        }
+    };
+    let rounded = dout.to_f64_vec()? != c.t("grad_out")?.to_f64_vec()?;
+    let same_inputs = |imp: BackwardImpl| -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        if !rounded {
+            return Ok(None);
+        }
+        let (hq, hkv, hs, hi) = (q.to_host()?, kv.to_host()?, sinks.to_host()?, idx.to_host()?);
+        let (ho, hl, hd) = (o.to_host()?, lse.to_host()?, dout.to_host()?);
+        let mut fa = SparseAttentionArgs::new(hq.view(), hkv.view(), hs.view(), SparseIndices::TopK(hi.view()));
+        fa.sm_scale = args.sm_scale;
+        let mut b = SparseAttentionBwdArgs::new(fa, ho.view(), hl.view(), hd.view());
+        b.backward_impl = imp;
+        sa::sparse_attention_backward(BackendName::Reference, &b).map(Some)
+    };
+    let against = if rounded { " vs reference on the same bf16 inputs" } else { "" };
     for imp in [BackwardImpl::Atomic, BackwardImpl::Deterministic] {
         let mut b = SparseAttentionBwdArgs::new(args.clone(), o.view(), lse.view(), dout.view());
         b.backward_impl = imp;
         let (dq, dkv, dsinks) = sa::sparse_attention_backward(tg.backend, &b)?;
         let tag = if imp == BackwardImpl::Atomic { "atomic" } else { "deterministic" };
-        out.push(j(c, &format!("dq[{tag}]"), &dq, c.t("dq")?, Tolerance::Bf16)?);
-        out.push(j(c, &format!("dkv[{tag}]"), &dkv, c.t("dkv")?, Tolerance::F32Grad)?);
-        out.push(j(c, &format!("dsinks[{tag}]"), &dsinks, c.t("dsinks")?, Tolerance::F32Grad)?);
+        let r = same_inputs(imp)?;
+        out.push(j(c, &format!("dq[{tag}]{against}"), &dq, &want("dq", &r, 0)?, Tolerance::Bf16)?);
+        out.push(j(c, &format!("dkv[{tag}]{against}"), &dkv, &want("dkv", &r, 1)?, Tolerance::F32Grad)?);
+        out.push(j(c, &format!("dsinks[{tag}]{against}"), &dsinks, &want("dsinks", &r, 2)?, Tolerance::F32Grad)?);
     }
     // The same selection through a plan.
     let plan = si::plan_sparse_indices(tg.backend, &idx.view(), kv.shape()[1], false)?;
@@ -194,8 +221,9 @@ fn run_sparse_attention(c: &Case, tg: &Target) -> Result<Vec<Judgement>> {
     let (po, plse) = sa::sparse_attention(tg.backend, &pargs)?;
     out.push(j(c, "out[plan]", &po, c.t("out")?, Tolerance::Bf16)?);
     let (pdq, pdkv, _) = sa::sparse_attention_backward(tg.backend, &SparseAttentionBwdArgs::new(pargs.clone(), po.view(), plse.view(), dout.view()))?;
-    out.push(j(c, "dq[plan]", &pdq, c.t("dq")?, Tolerance::Bf16)?);
-    out.push(j(c, "dkv[plan]", &pdkv, c.t("dkv")?, Tolerance::F32Grad)?);
+    let r = same_inputs(BackwardImpl::Atomic)?;
+    out.push(j(c, &format!("dq[plan]{against}"), &pdq, &want("dq", &r, 0)?, Tolerance::Bf16)?);
+    out.push(j(c, &format!("dkv[plan]{against}"), &pdkv, &want("dkv", &r, 1)?, Tolerance::F32Grad)?);
     Ok(out)
 }
 
@@ -261,13 +289,17 @@ fn run_sinkhorn(c: &Case, tg: &Target) -> Result<Vec<Judgement>> {
     let n = *x.shape().last().unwrap();
     let a = SinkhornArgs { x: x.view(), repeat: c.need_u("repeat")?, eps: c.f("eps")? as f32 };
     let y = sinkhorn::sinkhorn_normalize(tg.backend, &a)?;
+    // The "row scale" of a Sinkhorn gradient is its matrix's scale: a row of dx can be a
+    // cancellation down to ~1e-8 of its matrix, where the golden f32 values are rounding
+    // noise (an f64 replay differs from them by 100 % of such a row and 8e-7 of the matrix).
+    let per_matrix = Tolerance::F32Rows { row_len: n * n };
     let mut out = vec![j(c, "out", &y, c.t("out")?, Tolerance::F32Rows { row_len: n })?];
     let g = tg.put(c.t("grad_out")?, DType::F32)?;
     let dx = sinkhorn::sinkhorn_normalize_backward(tg.backend, &a, &g.view())?;
-    out.push(j(c, "dx", &dx, c.t("dx")?, Tolerance::F32Rows { row_len: n })?);
+    out.push(j(c, "dx", &dx, c.t("dx")?, per_matrix)?);
     let gt = transposed_storage(c.t("grad_out")?, tg)?;
     let dx2 = sinkhorn::sinkhorn_normalize_backward(tg.backend, &a, &gt.view())?;
-    out.push(j(c, "dx[strided dout]", &dx2, c.t("dx")?, Tolerance::F32Rows { row_len: n })?);
+    out.push(j(c, "dx[strided dout]", &dx2, c.t("dx")?, per_matrix)?);
     Ok(out)
 }
 

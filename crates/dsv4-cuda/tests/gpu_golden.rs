@@ -9,7 +9,7 @@ use dsv4_core::{BackendName, DType, Device};
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
-fn golden_cuda() {
+fn small_golden_cases_through_cuda() {
     dsv4_cuda::register();
     if let Err(e) = dsv4_core::backend::cuda_backend() {
         panic!("no CUDA backend: {e}");
