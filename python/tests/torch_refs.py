@@ -27,7 +27,7 @@ def indexer_topk_scores_ref(q, kv, w, idx, scale, ratio, query_start=0):
     p = kv.shape[1]
     a = torch.einsum("bshd,bpd->bshp", q, kv).relu()
     scores = scale * torch.einsum("bsh,bshp->bsp", w, a)
-    visible = (torch.arange(p).view(1, 1, p) < ((query_start + torch.arange(s) + 1) // ratio).view(1, s, 1))
+    visible = (torch.arange(p, device=q.device).view(1, 1, p) < ((query_start + torch.arange(s, device=q.device) + 1) // ratio).view(1, s, 1))
     scores = scores.masked_fill(~visible, float("-inf"))
     ok = (idx >= 0) & (idx < p)
     got = torch.gather(scores, 2, torch.where(ok, idx, torch.zeros_like(idx)).long())
