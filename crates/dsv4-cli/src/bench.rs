@@ -124,10 +124,10 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     let idx = si::build_sparse_topk_indices(CUDA, &ba)?;
     let valid = idx.to_i64_vec()?.iter().filter(|&&v| v >= 0).count() as f64;
     let t = idx.shape()[2];
-    let q = st.put(&rng.bf16_values(b * s * h * d, 1.0), &[b, s, h, d], DType::BF16)?;
-    let kv = st.put(&rng.bf16_values(b * k_len * d, 1.0), &[b, k_len, d], DType::BF16)?;
-    let sinks = st.put(&rng.f32_values(h, 1.0), &[h], DType::F32)?;
-    let dout = st.put(&rng.bf16_values(b * s * h * d, 1.0), &[b, s, h, d], DType::BF16)?;
+    let q = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
+    let kv = st.put(&rng.vec_bf16(b * k_len * d, -1.7, 1.7), &[b, k_len, d], DType::BF16)?;
+    let sinks = st.put(&rng.vec(h, -1.0f32, 1.0), &[h], DType::F32)?;
+    let dout = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
     let args = SparseAttentionArgs::new(q.view(), kv.view(), sinks.view(), SparseIndices::TopK(idx.view()));
     let mut out = bn.gpu.alloc(DType::BF16, &[b, s, h, d])?;
     let mut lse = bn.gpu.alloc(DType::F32, &[b, s, h])?;
@@ -171,9 +171,9 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     let (b, h, d, r, k) = (1, 64, 128, 4, 512);
     let p = s / r;
     let st = Staged { device: DEV };
-    let q = st.put(&rng.bf16_values(b * s * h * d, 1.0), &[b, s, h, d], DType::BF16)?;
-    let kv = st.put(&rng.bf16_values(b * p * d, 1.0), &[b, p, d], DType::BF16)?;
-    let w = st.put(&rng.f32_values(b * s * h, 1.0), &[b, s, h], DType::F32)?;
+    let q = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
+    let kv = st.put(&rng.vec_bf16(b * p * d, -1.7, 1.7), &[b, p, d], DType::BF16)?;
+    let w = st.put(&rng.vec(b * s * h, -1.0f32, 1.0), &[b, s, h], DType::F32)?;
     let a = IndexerArgs::new(q.view(), kv.view(), w.view(), (d as f32).powf(-0.5), r);
     let shape = format!("B={b} S={s} H={h} D={d} P={p} k={k}");
     let flops = 2.0 * (h * d) as f64 * visible_pairs(s, p, r) * b as f64;
@@ -183,7 +183,7 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
     bn.flops("indexer scores+top-k fused", &shape, ms, flops, "");
     let sel = st.put(&random_selection(rng, b, s, p, r, k), &[b, s, k], DType::I32)?;
-    let g = st.put(&rng.f32_values(b * s * k, 1.0), &[b, s, k], DType::F32)?;
+    let g = st.put(&rng.vec(b * s * k, -1.0f32, 1.0), &[b, s, k], DType::F32)?;
     let sel_flops = 2.0 * (h * d) as f64 * sel.to_i64_vec()?.iter().filter(|&&v| v >= 0).count() as f64;
     let ms = bn.time(|| {
         indexer::indexer_topk_scores(CUDA, &a, &sel.view())?;
@@ -200,9 +200,9 @@ fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
     let (b, s, h, d, r, k) = (1, 65536, 64, 128, 4, 512);
     let p = s / r;
     let st = Staged { device: DEV };
-    let q = st.put(&rng.bf16_values(b * s * h * d, 1.0), &[b, s, h, d], DType::BF16)?;
-    let kv = st.put(&rng.bf16_values(b * p * d, 1.0), &[b, p, d], DType::BF16)?;
-    let w = st.put(&rng.f32_values(b * s * h, 1.0), &[b, s, h], DType::F32)?;
+    let q = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
+    let kv = st.put(&rng.vec_bf16(b * p * d, -1.7, 1.7), &[b, p, d], DType::BF16)?;
+    let w = st.put(&rng.vec(b * s * h, -1.0f32, 1.0), &[b, s, h], DType::F32)?;
     let a = IndexerArgs::new(q.view(), kv.view(), w.view(), (d as f32).powf(-0.5), r);
     bn.gpu.synchronize()?;
     let before = bn.gpu.pool_used_bytes()?;
@@ -227,8 +227,8 @@ fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
 fn bench_sinkhorn(bn: &mut Bench, rng: &mut Rng, m: usize) -> Result<()> {
     let n = 4;
     let st = Staged { device: DEV };
-    let x = st.put(&rng.f32_values(m * n * n, 3.0), &[m, n, n], DType::F32)?;
-    let g = st.put(&rng.f32_values(m * n * n, 1.0), &[m, n, n], DType::F32)?;
+    let x = st.put(&rng.vec(m * n * n, -3.0f32, 3.0), &[m, n, n], DType::F32)?;
+    let g = st.put(&rng.vec(m * n * n, -1.0f32, 1.0), &[m, n, n], DType::F32)?;
     let a = SinkhornArgs { x: x.view(), repeat: 20, eps: 1e-6 };
     let mut y = bn.gpu.alloc(DType::F32, &[m, n, n])?;
     let mut dx = bn.gpu.alloc(DType::F32, &[m, n, n])?;
@@ -244,8 +244,8 @@ fn bench_sinkhorn(bn: &mut Bench, rng: &mut Rng, m: usize) -> Result<()> {
 fn bench_qnorm_rope(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
     let (b, s, h, c, r) = (1, 16384, 64, 512, 64);
     let st = Staged { device: DEV };
-    let x = st.put(&rng.bf16_values(b * s * h * c, 2.0), &[b, s, h, c], DType::BF16)?;
-    let g = st.put(&rng.bf16_values(b * s * h * c, 1.0), &[b, s, h, c], DType::BF16)?;
+    let x = st.put(&rng.vec_bf16(b * s * h * c, -3.4, 3.4), &[b, s, h, c], DType::BF16)?;
+    let g = st.put(&rng.vec_bf16(b * s * h * c, -1.7, 1.7), &[b, s, h, c], DType::BF16)?;
     let (cos, sin) = rope_tables(b, s, r);
     let cos = st.put(&cos, &[b, s, r], DType::F32)?;
     let sin = st.put(&sin, &[b, s, r], DType::F32)?;
@@ -301,7 +301,7 @@ pub fn main(args: &[String]) -> Result<bool> {
     let json = args.iter().any(|a| a == "--json");
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
     let mut bn = Bench::new(iters)?;
-    let mut rng = Rng::new(42);
+    let mut rng = Rng(42);
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {

@@ -100,16 +100,16 @@ pub fn run(name: BackendName, device: Device, p: Preset, seed: u64, progress: &m
     let be = backend::select(name, "check", device)?;
     let mut cx = Ctx { rows: Vec::new(), backend_name: be.name().to_string(), total: 12, done: 0, progress };
     let st = Staged { device };
-    let mut rng = Rng::new(seed);
+    let mut rng = Rng(seed);
     let (b, s, h, d) = (p.b, p.s, p.h, p.d);
     let n_pooled = s / p.ratio;
     let k_len = s + n_pooled;
 
     // ---- indexer (section 2, 3) ----
     cx.step("indexer scores");
-    let iq = rng.bf16_values(b * s * p.ih * p.id, 1.0);
-    let ikv = rng.bf16_values(b * n_pooled * p.id, 1.0);
-    let iw = rng.f32_values(b * s * p.ih, 1.0);
+    let iq = rng.vec_bf16(b * s * p.ih * p.id, -1.7, 1.7);
+    let ikv = rng.vec_bf16(b * n_pooled * p.id, -1.7, 1.7);
+    let iw = rng.vec(b * s * p.ih, -1.0f32, 1.0);
     let q_t = st.put(&iq, &[b, s, p.ih, p.id], DType::BF16)?;
     let kv_t = st.put(&ikv, &[b, n_pooled, p.id], DType::BF16)?;
     let w_t = st.put(&iw, &[b, s, p.ih], DType::F32)?;
@@ -146,7 +146,7 @@ pub fn run(name: BackendName, device: Device, p: Preset, seed: u64, progress: &m
     cx.push("indexer_topk_scores", "fwd", format!("{shape} T={kk}"), judge("topk_scores", &f64s(&ts)?, &ref_ts, Tolerance::F32Rows { row_len: kk }), ms);
 
     cx.step("indexer top-k scores backward");
-    let g: Vec<f32> = ref_ts.iter().map(|&v| if v.is_finite() { rng.uniform() as f32 } else { 0.0 }).collect();
+    let g: Vec<f32> = ref_ts.iter().map(|&v| if v.is_finite() { rng.uniform(-1.0f32, 1.0) } else { 0.0 }).collect();
     let g_t = st.put(&g, &[b, s, kk], DType::F32)?;
     let ib = IndexerTopkScoresBwdArgs { fwd: ia.clone(), topk_indices: sel_t.view(), grad: g_t.view(), deterministic: true };
     let ((dq, dw, dkv), ms) = timed(device, || indexer::indexer_topk_scores_backward(name, &ib))?;
@@ -173,10 +173,10 @@ pub fn run(name: BackendName, device: Device, p: Preset, seed: u64, progress: &m
 
     // ---- sparse attention (section 1) ----
     cx.step("sparse_attention forward");
-    let q = rng.bf16_values(b * s * h * d, 1.0);
-    let kv = rng.bf16_values(b * k_len * d, 1.0);
-    let sinks = rng.f32_values(h, 2.0);
-    let dout = rng.bf16_values(b * s * h * d, 1.0);
+    let q = rng.vec_bf16(b * s * h * d, -1.7, 1.7);
+    let kv = rng.vec_bf16(b * k_len * d, -1.7, 1.7);
+    let sinks = rng.vec(h, -2.0f32, 2.0);
+    let dout = rng.vec_bf16(b * s * h * d, -1.7, 1.7);
     let q_t = st.put(&q, &[b, s, h, d], DType::BF16)?;
     let kv_t = st.put(&kv, &[b, k_len, d], DType::BF16)?;
     let sinks_t = st.put(&sinks, &[h], DType::F32)?;
@@ -232,8 +232,8 @@ pub fn run(name: BackendName, device: Device, p: Preset, seed: u64, progress: &m
     // ---- sinkhorn (section 4) ----
     cx.step("sinkhorn");
     let n = 4;
-    let x = rng.f32_values(p.matrices * n * n, 3.0);
-    let gx = rng.f32_values(p.matrices * n * n, 1.0);
+    let x = rng.vec(p.matrices * n * n, -3.0f32, 3.0);
+    let gx = rng.vec(p.matrices * n * n, -1.0f32, 1.0);
     let x_t = st.put(&x, &[p.matrices, n, n], DType::F32)?;
     let g_t = st.put(&gx, &[p.matrices, n, n], DType::F32)?;
     let sk = SinkhornArgs { x: x_t.view(), repeat: 20, eps: 1e-6 };
@@ -246,8 +246,8 @@ pub fn run(name: BackendName, device: Device, p: Preset, seed: u64, progress: &m
     // ---- qnorm_rope (section 5): x as the transposed view of token-major [B,S,H,C] ----
     cx.step("qnorm_rope");
     let (c, r) = (p.c, p.r);
-    let xq = rng.bf16_values(b * s * h * c, 2.0);
-    let gq = rng.bf16_values(b * s * h * c, 1.0);
+    let xq = rng.vec_bf16(b * s * h * c, -3.4, 3.4);
+    let gq = rng.vec_bf16(b * s * h * c, -1.7, 1.7);
     let (cos, sin) = rope_tables(b, s, r);
     let xtm = st.put(&xq, &[b, s, h, c], DType::BF16)?;
     let gtm = st.put(&gq, &[b, s, h, c], DType::BF16)?;

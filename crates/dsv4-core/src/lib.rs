@@ -17,6 +17,7 @@ pub mod golden;
 pub mod ops;
 pub mod real;
 pub mod reference;
+pub mod rng;
 pub mod tensor;
 
 pub use backend::{is_kernel_available, BackendName, KernelBackend};

@@ -7,25 +7,7 @@ use dsv4_core::ops::qnorm_rope::reference as qr;
 use dsv4_core::ops::sinkhorn::reference as sk;
 use dsv4_core::ops::sparse_attention::reference as sa;
 
-/// SplitMix64: a tiny deterministic generator, so every check is reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
+use dsv4_core::rng::SplitMix64 as Rng;
 
 fn weighted_sum(out: &[f64], g: &[f64]) -> f64 {
     out.iter().zip(g).filter(|(o, _)| o.is_finite()).map(|(o, g)| o * g).sum()
@@ -209,7 +191,7 @@ fn check_qnorm_rope(dm: qr::Dims, eps: f64, seed: u64) {
     let mut sin = vec![f64::NAN; dm.b * dm.s * dm.r];
     for row in 0..dm.b * dm.s {
         for j in 0..dm.r / 2 {
-            let th = rng.uniform(-3.0, 3.0);
+            let th: f64 = rng.uniform(-3.0, 3.0);
             cos[row * dm.r + j] = th.cos();
             sin[row * dm.r + j] = th.sin();
         }
