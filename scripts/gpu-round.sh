@@ -28,8 +28,8 @@ fi
 if [[ " $steps " == *" py "* ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$out/pip.txt" 2>&1 || { echo "pip install failed"; cat "$out/pip.txt"; }
   export PYTHONPATH=/tmp/site:python/tests DSV4_SHARED_DIR=$PWD/.dev/gpu PYTHONUNBUFFERED=1
-  timeout "${DSV4_PY_TIMEOUT:-300}" python3 -m pytest -q -rs -s python/tests > "$out/pytest.txt" 2>&1 || status=1
-  grep -E "passed|failed|error|FAILED|Error|sparse_attention S=|indexer|sinkhorn m=|qnorm_rope:" "$out/pytest.txt" | tail -30
+  timeout "${DSV4_PY_TIMEOUT:-300}" python3 -m pytest -v -rs -s python/tests > "$out/pytest.txt" 2>&1 || status=1
+  grep -E "passed|failed|FAILED|Error|sparse_attention S=|indexer|sinkhorn m=" "$out/pytest.txt" | grep -v PASSED | tail -30; grep -c PASSED "$out/pytest.txt"
 fi
 echo "gpu-round: exit $status"
 exit $status

@@ -104,11 +104,13 @@ def run_sinkhorn(name, p, t):
     y = dk.dsv4_sinkhorn_normalize(x, "torch", p["repeat"], p["eps"])
     judge(f"{name}.out", y, t["out"], "f32rows", n)
     judge(f"{name}.out[sinkhorn_normalize_torch]", dk.sinkhorn_normalize_torch(x, p["repeat"], p["eps"]), t["out"], "f32rows", n)
-    judge(f"{name}.dx", ops.sinkhorn_backward(x, g, p["repeat"], p["eps"], "torch"), t["dx"], "f32rows", n)
+    # A Sinkhorn gradient's row scale is its matrix's (see golden.rs in dsv4-core: a row of
+    # dx can cancel to ~1e-8 of its matrix, where the golden f32 values are noise).
+    judge(f"{name}.dx", ops.sinkhorn_backward(x, g, p["repeat"], p["eps"], "torch"), t["dx"], "f32rows", n * n)
     # dout stored with its last two dimensions swapped: a strided view, no copy.
     g_t = np.swapaxes(np.ascontiguousarray(np.swapaxes(g, -1, -2)), -1, -2)
     assert not g_t.flags.c_contiguous
-    judge(f"{name}.dx[strided dout]", ops.sinkhorn_backward(x, g_t, p["repeat"], p["eps"], "torch"), t["dx"], "f32rows", n)
+    judge(f"{name}.dx[strided dout]", ops.sinkhorn_backward(x, g_t, p["repeat"], p["eps"], "torch"), t["dx"], "f32rows", n * n)
 
 
 def run_qnorm_rope(name, p, t):

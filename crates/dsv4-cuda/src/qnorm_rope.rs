@@ -116,23 +116,57 @@ fn is_bf16(t: DType) -> &'static str {
 const FAST_THREADS: usize = 256;
 
 /// The fast kernels' shape for C channels: (lanes per row, 16-byte chunks per lane, rows per
-/// lane group in flight); None when C is not a multiple of 8 or exceeds 1024.
-fn fast_shape(c: usize) -> Option<(usize, usize, usize)> {
+/// lane group in flight); None when C is not a multiple of 8 or exceeds 1024. The backward
+/// holds x and grad, and prefetches the next rows, so it takes half the rows at a time.
+fn fast_shape(c: usize, backward: bool) -> Option<(usize, usize, usize)> {
     if c == 0 || !c.is_multiple_of(8) {
         return None;
     }
     let chunks = c / 8;
     let lpr = chunks.next_power_of_two().min(32);
     let cpl = chunks.div_ceil(lpr);
-    (cpl <= 4).then_some((lpr, cpl, if cpl <= 2 { 2 } else { 1 }))
+    let u = if cpl <= 2 && !backward { 2 } else { 1 };
+    (cpl <= 4).then_some((lpr, cpl, u))
 }
 
-fn fast_defines(shape: (usize, usize, usize)) -> [(&'static str, String); 3] {
-    [("QR_LPR", shape.0.to_string()), ("QR_CPL", shape.1.to_string()), ("QR_U", shape.2.to_string())]
+/// Whether cos and sin allow one float4 per chunk (`QR_CS_VEC`): unit r stride, 16-byte
+/// aligned `(b, s)` rows, and C - R a multiple of 8 (so a chunk is rotated whole or not).
+fn cos_sin_vec(a: &QNormRopeArgs, c: usize, r: usize) -> bool {
+    let ok = |v: &TensorView| {
+        let (sh, st) = (v.shape(), v.strides());
+        v.address().is_multiple_of(16) && st[2] == 1 && (0..2).all(|d| sh[d] <= 1 || st[d] % 4 == 0)
+    };
+    (c - r).is_multiple_of(8) && ok(&a.cos) && ok(&a.sin)
 }
 
-fn fast_grid(rows: usize, (lpr, _, u): (usize, usize, usize)) -> u32 {
-    rows.div_ceil(u).div_ceil(FAST_THREADS / lpr).max(1) as u32
+fn fast_defines(shape: (usize, usize, usize), cs_vec: bool) -> [(&'static str, String); 4] {
+    [("QR_LPR", shape.0.to_string()), ("QR_CPL", shape.1.to_string()), ("QR_U", shape.2.to_string()), ("QR_CS_VEC", (cs_vec as u8).to_string())]
+}
+
+/// Resident 256-thread blocks per SM the fast kernels' registers are sized for: mirrors
+/// QR_FWD_MINB / QR_BWD_MINB (kernels/qnorm_rope/qnorm_rope.cuh).
+fn fast_min_blocks((_, cpl, u): (usize, usize, usize), backward: bool, cs_vec: bool) -> usize {
+    match (backward, cpl * u) {
+        (false, w) if w <= 4 && cs_vec => 3,
+        (false, _) => 2,
+        (true, w) if w <= 2 => {
+            if cs_vec {
+                3
+            } else {
+                2
+            }
+        }
+        (true, _) => 1,
+    }
+}
+
+/// The fast kernels are persistent: one wave of resident blocks (SMs x blocks per SM), fewer
+/// when the rows need fewer.
+fn fast_grid(gpu: &Gpu, rows: usize, shape: (usize, usize, usize), backward: bool, cs_vec: bool) -> u32 {
+    let (lpr, _, u) = shape;
+    let needed = rows.div_ceil(u).div_ceil(FAST_THREADS / lpr);
+    let wave = gpu.props().sm_count as usize * fast_min_blocks(shape, backward, cs_vec);
+    needed.min(wave).max(1) as u32
 }
 
 fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
@@ -150,7 +184,7 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
         return Ok(());
     }
     let defines = [("QR_X_BF16", is_bf16(a.x.dtype()).to_string()), ("QR_X_VEC", vector_width(&a.x).to_string()), ("QR_O_VEC", out_vector_width(out).to_string())];
-    let fast = fast_shape(dm.c).filter(|_| a.x.dtype() == DType::BF16 && vector_width(&a.x) == 8 && out_vector_width(out) == 8);
+    let fast = fast_shape(dm.c, false).filter(|_| a.x.dtype() == DType::BF16 && vector_width(&a.x) == 8 && out_vector_width(out) == 8);
     let p = QNormRopeParams {
         x: a.x.address(),
         cos: a.cos.address(),
@@ -173,14 +207,17 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
     };
     if let Some(shape) = fast {
         let mut d = defines.to_vec();
-        d.extend(fast_defines(shape));
+        let cs_vec = cos_sin_vec(a, dm.c, dm.r);
+        d.extend(fast_defines(shape, cs_vec));
         let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
         // SAFETY: x is bf16 with unit channel stride and 16-byte aligned rows, C a multiple
         // of 8 (vector_width, fast_shape): each 16-byte load lies in a row; cos and sin are
         // validated [B,S,R] views; out is token-major [B,S,H,C] bf16 with a 16-byte
         // aligned base (out_vector_width) and rstd contiguous [B*S*H] f32 (checked above);
-        // the kernel guards rows >= B*S*H and chunks >= C.
-        return unsafe { k.launch([fast_grid(rows, shape), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+        // float4 reads of cos/sin only where cos_sin_vec checked unit r stride, 16-byte
+        // aligned rows and C - R a multiple of 8; the kernel guards rows >= B*S*H (its
+        // persistent loop's prefetch past the end included) and chunks >= C.
+        return unsafe { k.launch([fast_grid(gpu, rows, shape, false, cs_vec), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
     }
     let Some((warps, smem)) = warps_per_block(gpu, dm.c, 1) else { return Err(too_wide(OP, gpu, dm.c, 1)) };
     let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd", &defines)?;
@@ -209,7 +246,7 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         ("QR_G_VEC", vector_width(grad).to_string()),
         ("QR_O_VEC", out_vector_width(dx).to_string()),
     ];
-    let fast = fast_shape(dm.c).filter(|_| a.x.dtype() == DType::BF16 && grad.dtype() == DType::BF16 && vector_width(&a.x) == 8 && vector_width(grad) == 8 && out_vector_width(dx) == 8);
+    let fast = fast_shape(dm.c, true).filter(|_| a.x.dtype() == DType::BF16 && grad.dtype() == DType::BF16 && vector_width(&a.x) == 8 && vector_width(grad) == 8 && out_vector_width(dx) == 8);
     let p = QNormRopeParams {
         x: a.x.address(),
         cos: a.cos.address(),
@@ -232,13 +269,14 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
     };
     if let Some(shape) = fast {
         let mut d = defines.to_vec();
-        d.extend(fast_defines(shape));
+        let cs_vec = cos_sin_vec(a, dm.c, dm.r);
+        d.extend(fast_defines(shape, cs_vec));
         let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
         // SAFETY: as in `forward`'s fast path, for x and grad (both bf16, unit channel
         // stride, 16-byte aligned rows, checked by vector_width); rstd contiguous [B*S*H]
         // f32; dx token-major bf16 with a 16-byte aligned base; the kernel guards rows >=
-        // B*S*H and chunks >= C.
-        return unsafe { k.launch([fast_grid(rows, shape), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+        // B*S*H (prefetch included) and chunks >= C; cos/sin as in `forward`.
+        return unsafe { k.launch([fast_grid(gpu, rows, shape, true, cs_vec), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
     }
     let Some((warps, smem)) = warps_per_block(gpu, dm.c, 2) else { return Err(too_wide("qnorm_rope_backward", gpu, dm.c, 2)) };
     let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd", &defines)?;

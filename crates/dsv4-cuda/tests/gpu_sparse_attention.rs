@@ -597,6 +597,11 @@ fn deepseek_v4_shape_b2_s1024_h64_d512_t640() {
 
 /// Every tile `choose_tiles` can pick for D = 64..512 and H = 1..128, on Hopper and Ampere
 /// shared-memory limits, compiles without warnings and without register spills.
+///
+/// Some NVRTC builds (seen: CUDA 13.0's for sm_90a) return an empty log, so no ptxas info:
+/// such a compile is reported as "no ptxas info from this NVRTC for <arch>" and is not a
+/// failure, provided each kernel got ptxas info from at least one arch (CI's NVRTC reports
+/// sm_90a, and its `nvrtc_compile` test checks spills there).
 #[test]
 #[ignore = "slow (a few minutes): compiles every tile the launcher can choose; needs NVRTC only"]
 fn every_chosen_tile_compiles_without_spills() {
@@ -614,6 +619,9 @@ fn every_chosen_tile_compiles_without_spills() {
         }
     }
     let mut bad = Vec::new();
+    let mut no_info = Vec::new();
+    // Per kernel (fwd, bwd): compiles that reported ptxas info.
+    let mut reported = [0usize; 2];
     for (arch, fwd, d, hb, bn, dw) in jobs {
         let (path, entry) = if fwd {
             ("sparse_attention/fwd.cu", "sparse_attn_fwd")
@@ -634,6 +642,12 @@ fn every_chosen_tile_compiles_without_spills() {
                 continue;
             }
         };
+        if c.entries.is_empty() && !c.log.contains("ptxas") {
+            // This NVRTC printed no ptxas info at all (an empty log): nothing to check here.
+            println!("{label}: no ptxas info from this NVRTC for {arch} (log {} chars)", c.log.len());
+            no_info.push(label);
+            continue;
+        }
         let Some(e) = c.entries.iter().find(|e| e.entry == entry) else {
             // No ptxas info line for the entry: registers and spills cannot be checked.
             // Show the log so the parser (nvrtc::parse_ptxas_info) can be checked against it.
@@ -647,8 +661,17 @@ fn every_chosen_tile_compiles_without_spills() {
             continue;
         };
         println!("{label}: {e}");
+        reported[usize::from(!fwd)] += 1;
         if !c.warnings().is_empty() || e.spill_stores + e.spill_loads > 0 {
             bad.push(format!("{label}: {e} {:?}", c.warnings()));
+        }
+    }
+    if !no_info.is_empty() {
+        println!("{} compile(s) with no ptxas info from this NVRTC (not checked for spills)", no_info.len());
+    }
+    for (kernel, n) in ["fwd.cu", "bwd.cu"].iter().zip(reported) {
+        if n == 0 {
+            bad.push(format!("sparse_attention/{kernel}: no arch reported ptxas info: registers and spills unchecked"));
         }
     }
     assert!(

@@ -17,7 +17,9 @@
 //      dq_w stays in registers for the whole query. G (bf16) also goes to shared memory.
 //   2. warp w owns slots [16w, 16w+16): dkv_tile = G^T @ q (M = slots, N = D, K = heads;
 //      both operands read with ldmatrix.trans).
-//      - atomic mode: added to dkv [B,P,D] from the registers (float2 atomics on sm_90).
+//      - atomic mode: added to dkv [B,P,D] from the registers (float4 atomics on sm_90
+//        when D % 4 == 0 and dkv is 16-byte aligned, lane pairs swapping halves; else
+//        float2 atomics on sm_90).
 //      - deterministic mode: staged in shared memory and added to the CTA's own partial
 //        slice [P,D] (zeroed) by plain read-modify-write; each address is touched once
 //        per tile when the tile's keys are distinct, and otherwise by the owner of its
@@ -88,6 +90,18 @@ __device__ __forceinline__ void add2(float* dst, float x, float y) {
     atomicAdd(dst + 1, y);
 }
 
+// dst[0..4) += v atomically: one 16-byte vector atomic (sm_90; the caller checks `v4`).
+__device__ __forceinline__ void add4(float* dst, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4*>(dst), v);
+#else
+    atomicAdd(dst, v.x);
+    atomicAdd(dst + 1, v.y);
+    atomicAdd(dst + 2, v.z);
+    atomicAdd(dst + 3, v.w);
+#endif
+}
+
 // dst[0] = x and, when `second`, dst[1] = y, as bf16: one 4-byte store when D is even
 // (then the element offset is even; the host guarantees a 4-byte aligned dq).
 __device__ __forceinline__ void store_pair(bf16* dst, float x, float y, bool second) {
@@ -119,6 +133,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
     const i64 s_hi = min(static_cast<i64>(p.S), s_lo + p.rows_per_cta);
     float* dkv = p.dkv + b * p.dkv_sb + chunk * p.dkv_sc;  // [P, D]: this CTA's target
     const bool det = p.deterministic != 0;
+    // Atomic dkv by 16-byte vectors: sm_90, D % 4 == 0 (rows and 4-column groups stay
+    // 16-byte aligned) and a 16-byte aligned target.
+#if __CUDA_ARCH__ >= 900
+    const bool v4 = D % 4 == 0 && (reinterpret_cast<unsigned long long>(dkv) & 15ull) == 0ull;
+#else
+    const bool v4 = false;
+#endif
     const int n_tiles = (p.T + BN - 1) / BN;
 
     for (i64 s = s_lo; s < s_hi; ++s) {
@@ -271,7 +292,24 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
                     }
                 }
             }
-            if (!det) {
+            if (!det && v4) {
+                // One 16-byte vector atomic per 4 columns: lane pairs (c4, c4^1) swap halves
+                // so that the even lane holds 4 columns of key_lo, the odd one of key_hi.
+                if (any) {
+                    const bool odd = (c4 & 1) != 0;
+                    const int key = odd ? key_hi : key_lo;
+#pragma unroll
+                    for (int dn = 0; dn < NDT; ++dn) {
+                        const float r0 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][0] : kacc[dn][2], 1);
+                        const float r1 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][1] : kacc[dn][3], 1);
+                        const int d = dn * 8 + 4 * (c4 >> 1);
+                        if (d < D && key >= 0) {
+                            const float4 v = odd ? make_float4(r0, r1, kacc[dn][2], kacc[dn][3]) : make_float4(kacc[dn][0], kacc[dn][1], r0, r1);
+                            add4(dkv + static_cast<i64>(key) * D + d, v);
+                        }
+                    }
+                }
+            } else if (!det) {
                 if (any) {
 #pragma unroll
                     for (int dn = 0; dn < NDT; ++dn) {

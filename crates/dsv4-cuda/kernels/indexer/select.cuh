@@ -67,18 +67,47 @@ __device__ __forceinline__ void select_suffix_scan(SelectSmem& sm) {
     __syncthreads();
 }
 
+// Bitonic stages (size, stride <= 32) on a warp's 64-entry block held in registers:
+// v[j] = entry base + 32j + lane. Same compare-exchange as the shared-memory stages:
+// the lower index keeps the larger entry when (index & size) == 0.
+__device__ __forceinline__ void bitonic_warp_stage(u64 (&v)[2], int base, int size, int stride, int lane) {
+    if (stride == 32) {  // size >= 64: one direction for the whole block
+        const bool desc = (base & size) == 0;
+        const u64 x = v[0], y = v[1];
+        const bool sw = (x < y) == desc;
+        v[0] = sw ? y : x;
+        v[1] = sw ? x : y;
+    } else {
+        const bool is_lo = (lane & stride) == 0;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const bool desc = ((base + 32 * j + lane) & size) == 0;
+            const u64 y = __shfl_xor_sync(DSV4_FULL_MASK, v[j], stride);
+            const bool take_max = is_lo == desc;
+            v[j] = take_max ? (v[j] > y ? v[j] : y) : (v[j] < y ? v[j] : y);
+        }
+    }
+}
+
 // Top-K of the row `key_at(i)` / `val_at(i)`, i < P, into idx_out[0..K) / val_out[0..K).
 // Called by every thread of the block (NTHREADS of them); `sort` holds `sort_cap` (a power
 // of two >= K) entries. Starts with a barrier (the row may have just been written).
+// Keys at i >= P are never read: a caller whose row ends in non-finite scores (the causal
+// -inf) may pass the finite prefix's length.
 template <int NTHREADS, class KeyAt, class ValAt>
 __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out) {
     static_assert(NTHREADS % 32 == 0 && NTHREADS >= 32 && NTHREADS <= 1024, "whole warps");
     constexpr int NWARPS = NTHREADS / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 lanes_below = (1u << lane) - 1u;
 
     // ---- 2. radix select ----------------------------------------------------------------
+    // `take_all`: every key >= `prefix` (and != 0) is taken, exactly K of them or all
+    // finite ones: the row had at most K finite keys, or the selected bin is taken whole
+    // (its keys all rank within K), which ends the passes early.
     u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K), in_bin = 0;
-    bool all_finite = false;
+    bool take_all = false;
+    int n_all = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         __syncthreads();  // the previous pass's readers of hist / misc are done
         for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
@@ -102,8 +131,8 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
         __syncthreads();
         select_suffix_scan(sm);
         if (shift == 24 && sm.suffix[0] <= static_cast<u32>(K)) {  // block-uniform
-            all_finite = true;
-            remaining = sm.suffix[0];
+            take_all = true;  // prefix = 0: every finite key
+            n_all = static_cast<int>(sm.suffix[0]);
             break;
         }
         for (int t = tid; t < SELECT_BINS; t += NTHREADS) {
@@ -119,12 +148,17 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
         mask |= 0xffu << shift;
         remaining = sm.misc[1];
         in_bin = sm.misc[3];  // after the last pass: the count of keys == T
+        if (remaining == in_bin) {  // block-uniform: the whole bin is taken, K keys >= prefix
+            take_all = true;
+            n_all = K;
+            break;
+        }
     }
-    const u32 thr = all_finite ? 0u : prefix;
-    const int need = all_finite ? 0 : static_cast<int>(remaining);
-    const int n_gt = all_finite ? static_cast<int>(remaining) : K - need;  // keys > T, all taken
+    const u32 thr = prefix;  // take_all: the lowest key taken is >= thr; else T itself
+    const int need = take_all ? 0 : static_cast<int>(remaining);
+    const int n_gt = take_all ? n_all : K - need;  // keys > T (or >= thr), all taken
     // Keys == T sorted along (block-uniform) when they fit.
-    const bool ties_sorted = !all_finite && static_cast<i64>(n_gt) + static_cast<i64>(in_bin) <= static_cast<i64>(sort_cap);
+    const bool ties_sorted = !take_all && static_cast<i64>(n_gt) + static_cast<i64>(in_bin) <= static_cast<i64>(sort_cap);
     const int n_sort = ties_sorted ? n_gt + static_cast<int>(in_bin) : n_gt;
     const int n_out = ties_sorted ? n_gt + need : n_gt;  // slots filled from the sorted list
 
@@ -132,23 +166,47 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     __syncthreads();  // everyone has read misc / suffix
     if (tid == 0) sm.misc[2] = 0;
     __syncthreads();
-    for (int i = tid; i < P; i += NTHREADS) {
-        const u32 k = key_at(i);
-        if (ties_sorted ? k >= thr : k > thr) {  // thr > 0 when ties_sorted: key 0 never gathered
-            const u32 pos = atomicAdd(&sm.misc[2], 1u);
-            sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
+    for (int start = 0; start < P; start += NTHREADS) {  // warp-uniform trip count
+        const int i = start + tid;
+        const u32 k = i < P ? key_at(i) : 0u;
+        const bool take = k != 0u && ((take_all || ties_sorted) ? k >= thr : k > thr);
+        const u32 ballot = __ballot_sync(DSV4_FULL_MASK, take);
+        if (ballot != 0u) {  // one shared atomic per warp
+            u32 pos = 0;
+            if (lane == 0) pos = atomicAdd(&sm.misc[2], static_cast<u32>(__popc(ballot)));
+            pos = __shfl_sync(DSV4_FULL_MASK, pos, 0) + static_cast<u32>(__popc(ballot & lanes_below));
+            if (take) sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
         }
     }
     int n2 = 1;
     while (n2 < n_sort) n2 <<= 1;
+    // Bitonic sort of n2 entries (entries [n_sort, n2) are 0 and sort last), in 64-entry
+    // blocks, one warp a block: stages of compare distance <= 32 run in registers on
+    // shuffles, the wider ones (size >= 128) in shared memory with block barriers. A row
+    // of fewer than 64 entries is one block whose missing entries are 0 in registers.
+    const int nblk = n2 < 64 ? 1 : n2 / 64;
+    __syncthreads();  // the gathered entries are visible
+    for (int blk = warp; blk < nblk; blk += NWARPS) {
+        const int base = blk * 64;
+        u64 v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int e = base + 32 * j + lane;
+            v[j] = e < n_sort ? sort[e] : 0ull;
+        }
+#pragma unroll
+        for (int size = 2; size <= 64; size <<= 1)
+#pragma unroll
+            for (int stride = size >> 1; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int e = base + 32 * j + lane;
+            if (e < n2) sort[e] = v[j];
+        }
+    }
     __syncthreads();
-    for (int i = n_sort + tid; i < n2; i += NTHREADS) sort[i] = 0ull;  // pads sort last
-    __syncthreads();
-    // Stage (size, stride) touches entries [64m, 64m + 64) for compare indices i in
-    // [32m, 32m + 32) when stride <= 32: i = tid + r*NTHREADS keeps every such block in
-    // one warp, so only stages next to a stride >= 64 need the whole block.
-    for (int size = 2; size <= n2; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+    for (int size = 128; size <= n2; size <<= 1) {
+        for (int stride = size >> 1; stride >= 64; stride >>= 1) {
             for (int i = tid; i < n2 / 2; i += NTHREADS) {
                 const int lo = 2 * i - (i & (stride - 1));
                 const int hi = lo + stride;
@@ -159,15 +217,18 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
                     sort[hi] = x;
                 }
             }
-            const int next_stride = stride > 1 ? stride >> 1 : size;  // first stride of the next size
-            if (stride >= 64 || next_stride >= 64) {
-                __syncthreads();
-            } else {
-                __syncwarp();
-            }
+            __syncthreads();
         }
+        for (int blk = warp; blk < nblk; blk += NWARPS) {
+            const int base = blk * 64;
+            u64 v[2] = {sort[base + lane], sort[base + 32 + lane]};
+#pragma unroll
+            for (int stride = 32; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
+            sort[base + lane] = v[0];
+            sort[base + 32 + lane] = v[1];
+        }
+        __syncthreads();
     }
-    __syncthreads();
     for (int j = tid; j < n_out; j += NTHREADS) {
         const int i = static_cast<int>(0xffffffffu - static_cast<u32>(sort[j] & 0xffffffffull));
         idx_out[j] = i;

@@ -12,6 +12,8 @@
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=1 QR_U=2
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=1 QR_CPL=1 QR_U=2
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=4 QR_U=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1 QR_CS_VEC=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1
 #include "qnorm_rope/qnorm_rope.cuh"
 
 using namespace qnorm_rope;
@@ -77,76 +79,91 @@ extern "C" __global__ void __launch_bounds__(256) qnorm_rope_bwd(const QNormRope
 
 #if QR_X_BF16 && QR_G_BF16
 // Fast backward (bf16 x and grad, unit channel stride, 16-byte aligned rows and output):
-// see the header. Group `gid` (QR_LPR lanes) handles rows gid*QR_U .. gid*QR_U + QR_U - 1.
-extern "C" __global__ void __launch_bounds__(256) qnorm_rope_bwd_fast(const QNormRopeParams p) {
+// see the header. Persistent like the fast forward: lane group `gid` handles the row
+// blocks gid, gid + groups, ... of QR_U rows, the next block's loads issued first.
+extern "C" __global__ void __launch_bounds__(256, QR_BWD_MINB) qnorm_rope_bwd_fast(const QNormRopeParams p) {
     const int gl = threadIdx.x % QR_LPR;
     const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QR_LPR;
+    const i64 groups = (i64)gridDim.x * blockDim.x / QR_LPR;
     const i64 n_rows = p.B * p.S * p.H, rot0 = p.C - p.R;
+    const i64 n_blocks = (n_rows + QR_U - 1) / QR_U;
     const bool small = n_rows <= 0xffffffffll;
     const bf16* xs = static_cast<const bf16*>(p.x);
     const bf16* gs = static_cast<const bf16*>(p.grad);
     bf16* outs = static_cast<bf16*>(p.out);
-    RowIndex ix[QR_U];
+    auto load = [&](i64 blk, uint4 (&xraw)[QR_U][QR_CPL], uint4 (&graw)[QR_U][QR_CPL], float (&rstd)[QR_U]) {
+#pragma unroll
+        for (int u = 0; u < QR_U; ++u) {
+            const i64 r = blk * QR_U + u;
+            const bool ok = r < n_rows;
+            const RowIndex ix = row_index_fast(p, ok ? r : 0, small);
+            const bf16* xr = xs + ix.b * p.x_stride[0] + ix.h * p.x_stride[1] + ix.s * p.x_stride[2];
+            const bf16* gr = gs + ix.b * p.g_stride[0] + ix.h * p.g_stride[1] + ix.s * p.g_stride[2];
+            rstd[u] = ok ? __ldg(p.rstd_in + r) : 0.f;
+#pragma unroll
+            for (int k = 0; k < QR_CPL; ++k) {
+                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+                const bool in = ok && c0 < p.C;
+                xraw[u][k] = in ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
+                graw[u][k] = in ? ld16(gr + c0) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    };
     uint4 xraw[QR_U][QR_CPL], graw[QR_U][QR_CPL];
     float rstd[QR_U];
-    // Issue every load first.
+    load(gid, xraw, graw, rstd);
+    for (i64 blk = gid; blk < n_blocks; blk += groups) {
+        uint4 nxraw[QR_U][QR_CPL], ngraw[QR_U][QR_CPL];
+        float nrstd[QR_U];
+        load(blk + groups, nxraw, ngraw, nrstd);  // zeros past the end
 #pragma unroll
-    for (int u = 0; u < QR_U; ++u) {
-        const i64 r = gid * QR_U + u;
-        const bool ok = r < n_rows;
-        ix[u] = row_index_fast(p, ok ? r : 0, small);
-        const bf16* xr = xs + ix[u].b * p.x_stride[0] + ix[u].h * p.x_stride[1] + ix[u].s * p.x_stride[2];
-        const bf16* gr = gs + ix[u].b * p.g_stride[0] + ix[u].h * p.g_stride[1] + ix[u].s * p.g_stride[2];
-        rstd[u] = ok ? __ldg(p.rstd_in + r) : 0.f;
+        for (int u = 0; u < QR_U; ++u) {
+            const i64 r = blk * QR_U + u;
+            const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);  // recomputed: cheaper than holding it
+            const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
+            const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
+            // g' = bf16(conjugate rotation of g's last R pairs), in place in gp.
+            float gp[QR_CPL][8];
+            float dot = 0.f;
 #pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-            const bool in = ok && c0 < p.C;
-            xraw[u][k] = in ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
-            graw[u][k] = in ? ld16(gr + c0) : make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+            for (int k = 0; k < QR_CPL; ++k) {
+                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+                unpack8(graw[u][k], gp[k]);
+                if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
+                    float cj[4], sj[4];
+                    chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
 #pragma unroll
-    for (int u = 0; u < QR_U; ++u) {
-        const i64 r = gid * QR_U + u;
-        const float* cs = p.cos + ix[u].b * p.cos_stride[0] + ix[u].s * p.cos_stride[1];
-        const float* sn = p.sin + ix[u].b * p.sin_stride[0] + ix[u].s * p.sin_stride[1];
-        // g' = bf16(conjugate rotation of g's last R pairs), in place in gp.
-        float gp[QR_CPL][8];
-        float dot = 0.f;
-#pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-            unpack8(graw[u][k], gp[k]);
-            if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
-#pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const i64 e = c0 + i;
-                    if (e < rot0) continue;
-                    const i64 j = (e - rot0) / 2;
-                    const float cj = __ldg(cs + j * p.cos_stride[2]), sj = __ldg(sn + j * p.sin_stride[2]);
-                    const float ga = gp[k][i], gb = gp[k][i + 1];
-                    gp[k][i] = dsv4::round_bf16(__fadd_rn(__fmul_rn(ga, cj), __fmul_rn(gb, sj)));
-                    gp[k][i + 1] = dsv4::round_bf16(__fsub_rn(__fmul_rn(gb, cj), __fmul_rn(ga, sj)));
+                    for (int i = 0; i < 8; i += 2) {
+                        if (c0 + i < rot0) continue;
+                        const float ga = gp[k][i], gb = gp[k][i + 1];
+                        gp[k][i] = dsv4::round_bf16(__fadd_rn(__fmul_rn(ga, cj[i / 2]), __fmul_rn(gb, sj[i / 2])));
+                        gp[k][i + 1] = dsv4::round_bf16(__fsub_rn(__fmul_rn(gb, cj[i / 2]), __fmul_rn(ga, sj[i / 2])));
+                    }
                 }
+                float xv[8];
+                unpack8(xraw[u][k], xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd[u];  // mean_c(g' * xhat)
             }
-            float xv[8];
-            unpack8(xraw[u][k], xv);
+            const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
+            if (r >= n_rows) continue;  // the whole group: r is the group's
+            bf16* o = outs + r * p.C;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd[u];  // mean_c(g' * xhat)
+            for (int k = 0; k < QR_CPL; ++k) {
+                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+                if (c0 >= p.C) continue;
+                float xv[8], v[8];
+                unpack8(xraw[u][k], xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = rstd[u] * (gp[k][i] - xv[i] * rstd[u] * mean);  // dx
+                st16_cs(o + c0, v);
+            }
         }
-        const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
-        if (r >= n_rows) continue;  // the whole group: r is the group's
-        bf16* o = outs + r * p.C;
 #pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-            if (c0 >= p.C) continue;
-            float xv[8], v[8];
-            unpack8(xraw[u][k], xv);
+        for (int u = 0; u < QR_U; ++u) {
+            rstd[u] = nrstd[u];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = rstd[u] * (gp[k][i] - xv[i] * rstd[u] * mean);  // dx
-            dsv4::store16(o + c0, v);
+            for (int k = 0; k < QR_CPL; ++k) xraw[u][k] = nxraw[u][k], graw[u][k] = ngraw[u][k];
         }
     }
 }

@@ -12,6 +12,7 @@
 // dsv4-test-defines: QR_X_BF16=1 QR_X_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=1 QR_U=2
 // dsv4-test-defines: QR_X_BF16=1 QR_X_VEC=8 QR_O_VEC=8 QR_LPR=1 QR_CPL=1 QR_U=2
 // dsv4-test-defines: QR_X_BF16=1 QR_X_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=4 QR_U=1
+// dsv4-test-defines: QR_X_BF16=1 QR_X_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=2 QR_CS_VEC=1
 #include "qnorm_rope/qnorm_rope.cuh"
 
 using namespace qnorm_rope;
@@ -75,69 +76,84 @@ extern "C" __global__ void __launch_bounds__(256) qnorm_rope_fwd(const QNormRope
 
 #if QR_X_BF16
 // Fast forward (bf16 x, unit channel stride, 16-byte aligned rows and output): see the
-// header. Group `gid` (QR_LPR lanes) handles rows gid*QR_U .. gid*QR_U + QR_U - 1.
-extern "C" __global__ void __launch_bounds__(256) qnorm_rope_fwd_fast(const QNormRopeParams p) {
+// header. Persistent: lane group `gid` (QR_LPR lanes) handles the row blocks gid, gid +
+// groups, ... of QR_U rows each, and issues the next block's loads before computing the
+// current one, so loads stay in flight while it computes and stores.
+extern "C" __global__ void __launch_bounds__(256, QR_FWD_MINB) qnorm_rope_fwd_fast(const QNormRopeParams p) {
     const int gl = threadIdx.x % QR_LPR;
     const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QR_LPR;
+    const i64 groups = (i64)gridDim.x * blockDim.x / QR_LPR;
     const i64 n_rows = p.B * p.S * p.H, rot0 = p.C - p.R;
+    const i64 n_blocks = (n_rows + QR_U - 1) / QR_U;
     const bool small = n_rows <= 0xffffffffll;
     const bf16* xs = static_cast<const bf16*>(p.x);
     bf16* outs = static_cast<bf16*>(p.out);
-    RowIndex ix[QR_U];
-    uint4 raw[QR_U][QR_CPL];
-    // Issue every load first.
+    // The QR_U rows of row block `blk`: indices and raw chunks (zeros past the end).
+    auto load = [&](i64 blk, uint4 (&raw)[QR_U][QR_CPL]) {
 #pragma unroll
-    for (int u = 0; u < QR_U; ++u) {
-        const i64 r = gid * QR_U + u;
-        ix[u] = row_index_fast(p, r < n_rows ? r : 0, small);
-        const bf16* xr = xs + ix[u].b * p.x_stride[0] + ix[u].h * p.x_stride[1] + ix[u].s * p.x_stride[2];
+        for (int u = 0; u < QR_U; ++u) {
+            const i64 r = blk * QR_U + u;
+            const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);
+            const bf16* xr = xs + ix.b * p.x_stride[0] + ix.h * p.x_stride[1] + ix.s * p.x_stride[2];
 #pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-            raw[u][k] = (r < n_rows && c0 < p.C) ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < QR_U; ++u) {
-        const i64 r = gid * QR_U + u;
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            float v[8];
-            unpack8(raw[u][k], v);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
-        }
-        ss = dsv4::group_sum(ss, QR_LPR);
-        const float rstd = 1.f / sqrtf(ss / (float)p.C + p.eps);
-        if (r >= n_rows) continue;  // the whole group: r is the group's
-        if (gl == 0) p.rstd_out[r] = rstd;
-        const float* cs = p.cos + ix[u].b * p.cos_stride[0] + ix[u].s * p.cos_stride[1];
-        const float* sn = p.sin + ix[u].b * p.sin_stride[0] + ix[u].s * p.sin_stride[1];
-        bf16* o = outs + r * p.C;
-#pragma unroll
-        for (int k = 0; k < QR_CPL; ++k) {
-            const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-            if (c0 >= p.C) continue;
-            float v[8];
-            unpack8(raw[u][k], v);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = dsv4::round_bf16(v[i] * rstd);  // y = bf16(x * rstd)
-            if (c0 + 8 > rot0) {
-                // Rotate the pairs (a, b) = (y[e], y[e+1]) of the last R channels. No FMA
-                // contraction: the products round separately, as in the reference.
-#pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const i64 e = c0 + i;
-                    if (e < rot0) continue;
-                    const i64 j = (e - rot0) / 2;
-                    const float cj = __ldg(cs + j * p.cos_stride[2]), sj = __ldg(sn + j * p.sin_stride[2]);
-                    const float a = v[i], b = v[i + 1];
-                    v[i] = dsv4::round_bf16(__fsub_rn(__fmul_rn(a, cj), __fmul_rn(b, sj)));
-                    v[i + 1] = dsv4::round_bf16(__fadd_rn(__fmul_rn(a, sj), __fmul_rn(b, cj)));
-                }
+            for (int k = 0; k < QR_CPL; ++k) {
+                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+                raw[u][k] = (r < n_rows && c0 < p.C) ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
             }
-            dsv4::store16(o + c0, v);
+        }
+    };
+    uint4 raw[QR_U][QR_CPL];
+    load(gid, raw);
+    for (i64 blk = gid; blk < n_blocks; blk += groups) {
+        uint4 nraw[QR_U][QR_CPL];
+        load(blk + groups, nraw);  // zeros past the end
+#pragma unroll
+        for (int u = 0; u < QR_U; ++u) {
+            const i64 r = blk * QR_U + u;
+            float ss = 0.f;
+#pragma unroll
+            for (int k = 0; k < QR_CPL; ++k) {
+                float v[8];
+                unpack8(raw[u][k], v);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
+            }
+            ss = dsv4::group_sum(ss, QR_LPR);
+            const float rstd = 1.f / sqrtf(ss / (float)p.C + p.eps);
+            if (r >= n_rows) continue;  // the whole group: r is the group's
+            if (gl == 0) p.rstd_out[r] = rstd;
+            const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);  // recomputed: cheaper than holding it
+            const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
+            const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
+            bf16* o = outs + r * p.C;
+#pragma unroll
+            for (int k = 0; k < QR_CPL; ++k) {
+                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+                if (c0 >= p.C) continue;
+                float v[8];
+                unpack8(raw[u][k], v);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = dsv4::round_bf16(v[i] * rstd);  // y = bf16(x * rstd)
+                if (c0 + 8 > rot0) {
+                    // Rotate the pairs (a, b) = (y[e], y[e+1]) of the last R channels. No FMA
+                    // contraction: the products round separately, as in the reference.
+                    float cj[4], sj[4];
+                    chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
+#pragma unroll
+                    for (int i = 0; i < 8; i += 2) {
+                        if (c0 + i < rot0) continue;
+                        const float a = v[i], b = v[i + 1];
+                        v[i] = dsv4::round_bf16(__fsub_rn(__fmul_rn(a, cj[i / 2]), __fmul_rn(b, sj[i / 2])));
+                        v[i + 1] = dsv4::round_bf16(__fadd_rn(__fmul_rn(a, sj[i / 2]), __fmul_rn(b, cj[i / 2])));
+                    }
+                }
+                st16_cs(o + c0, v);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QR_U; ++u) {
+#pragma unroll
+            for (int k = 0; k < QR_CPL; ++k) raw[u][k] = nraw[u][k];
         }
     }
 }

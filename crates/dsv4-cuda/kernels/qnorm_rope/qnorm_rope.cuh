@@ -45,6 +45,17 @@
 #ifndef QR_U
 #define QR_U 2
 #endif
+// Fast kernels: 1 where cos and sin have unit r stride, 16-byte aligned (b, s) rows and
+// C - R is a multiple of 8 (the launcher checks): a chunk's 4 pairs then read one float4
+// of cos and one of sin.
+#ifndef QR_CS_VEC
+#define QR_CS_VEC 0
+#endif
+// Fast kernels: resident blocks of 256 threads per SM the register budget is sized for
+// (__launch_bounds__ minimum); the launcher sizes the persistent grid as SMs x this (the
+// same formula lives in qnorm_rope.rs).
+#define QR_FWD_MINB ((QR_CPL * QR_U <= 4 && QR_CS_VEC) ? 3 : 2)
+#define QR_BWD_MINB ((QR_CPL * QR_U <= 2) ? (QR_CS_VEC ? 3 : 2) : 1)
 
 struct QNormRopeParams {
     const void* x;          // logical [B,H,S,C], x's dtype, strides x_stride
@@ -112,8 +123,32 @@ __device__ __forceinline__ RowIndex row_index_fast(const QNormRopeParams& p, i64
     return i;
 }
 
-// Raw 16-byte chunk: 8 bf16 packed in four words.
-__device__ __forceinline__ uint4 ld16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+// Raw 16-byte chunk: 8 bf16 packed in four words. Streaming (evict-first) loads and
+// stores: every byte is touched once, so the output does not evict the input from L2.
+__device__ __forceinline__ uint4 ld16(const bf16* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ void st16_cs(bf16* p, const float (&in)[8]) {
+    __stcs(reinterpret_cast<uint4*>(p), make_uint4(dsv4::pack_bf16(in[0], in[1]), dsv4::pack_bf16(in[2], in[3]), dsv4::pack_bf16(in[4], in[5]), dsv4::pack_bf16(in[6], in[7])));
+}
+
+// cos_j and sin_j of the 4 pairs (c0 + 2i, c0 + 2i + 1) of the chunk at c0 (c0 + 8 > rot0);
+// pairs before rot0 get (1, 0), which the callers skip anyway.
+__device__ __forceinline__ void chunk_cos_sin(const QNormRopeParams& p, const float* cs, const float* sn, i64 c0, i64 rot0, float (&cj)[4], float (&sj)[4]) {
+#if QR_CS_VEC
+    const i64 j0 = (c0 - rot0) / 2;  // c0 >= rot0: both multiples of 8
+    const float4 c = __ldg(reinterpret_cast<const float4*>(cs + j0));
+    const float4 s = __ldg(reinterpret_cast<const float4*>(sn + j0));
+    cj[0] = c.x, cj[1] = c.y, cj[2] = c.z, cj[3] = c.w;
+    sj[0] = s.x, sj[1] = s.y, sj[2] = s.z, sj[3] = s.w;
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const i64 e = c0 + 2 * i;
+        const i64 j = (e - rot0) / 2;
+        cj[i] = e < rot0 ? 1.f : __ldg(cs + j * p.cos_stride[2]);
+        sj[i] = e < rot0 ? 0.f : __ldg(sn + j * p.sin_stride[2]);
+    }
+#endif
+}
 __device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
     const u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll

@@ -21,6 +21,7 @@
 // dsv4-test-defines: SA_D=448 SA_HB=32 SA_BN=64 SA_DW=64
 // dsv4-test-defines: SA_D=320 SA_HB=48 SA_BN=64 SA_DW=64
 // dsv4-test-defines: SA_D=512 SA_HB=16 SA_BN=64 SA_DW=128
+// dsv4-test-defines: SA_D=512 SA_HB=64 SA_BN=64 SA_DW=128
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -59,6 +60,10 @@ constexpr int kNBW = (kNB + kWD - 1) / kWD;  // slot blocks per warp in S = Q K^
 // Every warp owns the same even number of slot blocks: their K fragments load in pairs.
 constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;          // 16-byte chunks per row
+constexpr int kRowsPass = kThreads / kChunks;              // tile rows gathered per pass of the block
+constexpr int kRPT = (kBN + kRowsPass - 1) / kRowsPass;    // tile rows per thread
+constexpr int kRPW = (kHB + kNW - 1) / kNW;                // softmax rows per warp
+constexpr int kSG = kRPW < 4 ? kRPW : 4;                   // softmax rows a warp works on at once
 using L = FwdLayout<kD, kHB, kBN>;
 constexpr int QS = L::QS, SS = L::SS, PS = L::PS;
 
@@ -103,17 +108,31 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
     const bf16* kv_b = p.kv + b * p.kv_sb;
     const float s_scale = p.sm_scale * kLogScale;
 
-    // Gather the K/V rows of tile `tile` into buffer `buf`; masked slots become zero rows.
-    auto load_tile = [&](int tile, int buf) {
-        const int t0 = tile * kBN;
-        bf16* dst = kv_s + buf * kBN * QS;
-        const int col = (tid % kChunks) * 8;
-        for (int r = tid / kChunks; r < kBN; r += kThreads / kChunks) {
-            const int key = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, SA_DEDUP);
-            cp_async16(dst + r * QS + col, key >= 0 ? kv_b + key * p.kv_sk + col : p.kv, key >= 0);
+    // The gather is split in two so the index loads of a tile are in flight a whole tile
+    // before its cp.async needs them: fetch_keys reads the keys of this thread's rows of
+    // tile `tile` into registers (plain loads, all issued back to back; past the row's
+    // slots no load at all), issue_tile starts the copies of those rows into buffer `buf`
+    // (masked slots become zero rows) and records the keys for the masking of S.
+    const int g_col = (tid % kChunks) * 8, g_row = tid / kChunks;
+    auto fetch_keys = [&](int tile, int (&k)[kRPT]) {
+#pragma unroll
+        for (int i = 0; i < kRPT; ++i) {
+            const int r = g_row + i * kRowsPass;
+            k[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, tile * kBN + r, SA_DEDUP) : -1;
         }
-        for (int r = tid; r < kBN; r += kThreads) key_s[buf * kBN + r] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, SA_DEDUP);
     };
+    auto issue_tile = [&](const int (&k)[kRPT], int buf) {
+        bf16* dst = kv_s + buf * kBN * QS;
+#pragma unroll
+        for (int i = 0; i < kRPT; ++i) {
+            const int r = g_row + i * kRowsPass;
+            if (r < kBN) {
+                cp_async16(dst + r * QS + g_col, k[i] >= 0 ? kv_b + static_cast<i64>(k[i]) * p.kv_sk + g_col : p.kv, k[i] >= 0);
+                if (g_col == 0) key_s[buf * kBN + r] = k[i];
+            }
+        }
+    };
+    int next_keys[kRPT];  // keys of this thread's rows of the next tile to issue
 
     // Q rows of this head block (heads >= H are zero rows).
     {
@@ -124,7 +143,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
             cp_async16(q_s + r * QS + col, ok ? q_row + (h0 + r) * p.q_sh + col : p.q, ok);
         }
     }
-    if (n_tiles > 0) load_tile(0, 0);
+    if (n_tiles > 0) {
+        fetch_keys(0, next_keys);
+        issue_tile(next_keys, 0);
+        fetch_keys(1, next_keys);
+    }
     cp_async_commit();
     for (int r = tid; r < kHB; r += kThreads) {
         const int h = h0 + r;
@@ -138,7 +161,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
 
     for (int j = 0; j < n_tiles; ++j) {
         const int buf = j & 1;
-        if (j + 1 < n_tiles) load_tile(j + 1, buf ^ 1);
+        if (j + 1 < n_tiles) {
+            issue_tile(next_keys, buf ^ 1);
+            fetch_keys(j + 2, next_keys);  // consumed next iteration: the loads overlap this tile
+        }
         cp_async_commit();
         cp_async_wait<1>();  // tile j (and Q) landed
         __syncthreads();
@@ -193,29 +219,49 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
         __syncthreads();
 
         // Online softmax, one warp per head row: m' = max(m, S), P = exp(S - m'), l' = a l + sum P.
-        for (int r = warp; r < kHB; r += kNW) {
-            const float m_old = m_s[r];
-            float v[kBN / 32];
-            float mx = m_old;
+        // A warp's rows r = warp + kNW * i are worked on kSG at a time (independent chains of
+        // loads and shuffles in flight together); each row's arithmetic is unchanged.
+        for (int i0 = 0; i0 < kRPW; i0 += kSG) {
+            float m_old[kSG], mx[kSG], sum[kSG], v[kSG][kBN / 32];
 #pragma unroll
-            for (int i = 0; i < kBN / 32; ++i) {
-                v[i] = s_s[r * SS + lane + 32 * i];
-                mx = fmaxf(mx, v[i]);
-            }
-            mx = warp_max(mx);
-            float sum = 0.0f;
+            for (int u = 0; u < kSG; ++u) {
+                const int r = warp + kNW * (i0 + u);
+                const bool ok = i0 + u < kRPW && r < kHB;  // warp-uniform
+                m_old[u] = ok ? m_s[r] : 0.0f;
+                mx[u] = m_old[u];
 #pragma unroll
-            for (int i = 0; i < kBN / 32; ++i) {
-                const float e = exp_base(v[i] - mx);  // masked: exp(-inf) = 0
-                p_s[r * PS + lane + 32 * i] = __float2bfloat16_rn(e);
-                sum += e;
+                for (int i = 0; i < kBN / 32; ++i) {
+                    v[u][i] = ok ? s_s[r * SS + lane + 32 * i] : 0.0f;
+                    mx[u] = fmaxf(mx[u], v[u][i]);
+                }
             }
-            sum = warp_sum(sum);
+#pragma unroll
+            for (int u = 0; u < kSG; ++u) mx[u] = warp_max(mx[u]);
+#pragma unroll
+            for (int u = 0; u < kSG; ++u) {
+                const int r = warp + kNW * (i0 + u);
+                const bool ok = i0 + u < kRPW && r < kHB;
+                sum[u] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kBN / 32; ++i) {
+                    const float e = exp_base(v[u][i] - mx[u]);  // masked: exp(-inf) = 0
+                    if (ok) p_s[r * PS + lane + 32 * i] = __float2bfloat16_rn(e);
+                    sum[u] += e;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kSG; ++u) sum[u] = warp_sum(sum[u]);
             if (lane == 0) {
-                const float alpha = exp_base(m_old - mx);
-                a_s[r] = alpha;
-                l_s[r] = l_s[r] * alpha + sum;
-                m_s[r] = mx;
+#pragma unroll
+                for (int u = 0; u < kSG; ++u) {
+                    const int r = warp + kNW * (i0 + u);
+                    if (i0 + u < kRPW && r < kHB) {
+                        const float alpha = exp_base(m_old[u] - mx[u]);
+                        a_s[r] = alpha;
+                        l_s[r] = l_s[r] * alpha + sum[u];
+                        m_s[r] = mx[u];
+                    }
+                }
             }
         }
         __syncthreads();
