@@ -56,6 +56,11 @@ elif [ -x "$sanitizer" ]; then
     "$t" --list --include-ignored 2>/dev/null | grep -q '^small_' || { echo "memcheck $(basename "$t"): no small_* tests"; continue; }
     run "memcheck $(basename "$t")" "$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
   done
+  # Shared-memory races and barrier misuse in the attention kernels (many warps, one
+  # CTA-wide shared layout per tile): racecheck and synccheck on their small tests.
+  for tool in racecheck synccheck; do
+    run "$tool gpu_sparse_attention" timeout 240 "$sanitizer" --tool $tool --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_sparse_attention" --include-ignored --test-threads=1 small_forward_backward_match_reference
+  done
 else
   echo "compute-sanitizer not found at $sanitizer"
   failed+=("compute-sanitizer missing")

@@ -255,10 +255,10 @@ impl Tiles {
 }
 
 /// Shared memory of `fwd.cu` (mirrors `FwdLayout` in tile.cuh): Q, two K/V tiles, S (f32),
-/// P (bf16), row statistics, slot keys. Rows padded by 16 bytes (bank-conflict-free ldmatrix).
+/// P (bf16), row statistics, a ring of three tiles' slot keys. Rows padded by 16 bytes (bank-conflict-free ldmatrix).
 pub fn fwd_smem_bytes(d: usize, hb: usize, bn: usize) -> usize {
     let (qs, ss, ps) = (d + 8, bn + 4, bn + 8);
-    hb * qs * 2 + 2 * bn * qs * 2 + hb * ss * 4 + hb * ps * 2 + 3 * hb * 4 + 2 * bn * 4
+    hb * qs * 2 + 2 * bn * qs * 2 + hb * ss * 4 + hb * ps * 2 + 3 * hb * 4 + 3 * bn * 4
 }
 
 /// Shared memory of `bwd.cu` (mirrors `BwdLayout` in tile.cuh): Q, dO, two K/V tiles, P and

@@ -352,6 +352,9 @@ fn qnorm_rope_model_shape() {
     let mut js = Vec::new();
     js.extend(qnorm_case(&mut rng, [1, 64, 1024, 512], 64, DType::BF16, XLayout::TokenMajor, DType::BF16, true));
     js.extend(qnorm_case(&mut rng, [2, 64, 333, 512], 64, DType::BF16, XLayout::Plain, DType::BF16, false));
+    // C - R not a multiple of 8 (scalar cos/sin reads) with more rows than one wave of the
+    // persistent fast kernels: every lane group runs several row blocks.
+    js.extend(qnorm_case(&mut rng, [1, 16, 700, 128], 60, DType::BF16, XLayout::TokenMajor, DType::BF16, true));
     check(js);
 }
 

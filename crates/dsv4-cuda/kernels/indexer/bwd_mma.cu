@@ -17,9 +17,9 @@
 //      dq_w stays in registers for the whole query. G (bf16) also goes to shared memory.
 //   2. warp w owns slots [16w, 16w+16): dkv_tile = G^T @ q (M = slots, N = D, K = heads;
 //      both operands read with ldmatrix.trans).
-//      - atomic mode: added to dkv [B,P,D] from the registers (float4 atomics on sm_90
-//        when D % 4 == 0 and dkv is 16-byte aligned, lane pairs swapping halves; else
-//        float2 atomics on sm_90).
+//      - atomic mode: added to dkv [B,P,D] from the registers. On sm_90 with D % 4 == 0,
+//        lane pairs swap halves so that each lane adds 4 columns of one row: one float4
+//        atomic (dkv 16-byte aligned) or two float2; else float2 atomics on sm_90.
 //      - deterministic mode: staged in shared memory and added to the CTA's own partial
 //        slice [P,D] (zeroed) by plain read-modify-write; each address is touched once
 //        per tile when the tile's keys are distinct, and otherwise by the owner of its
@@ -90,7 +90,16 @@ __device__ __forceinline__ void add2(float* dst, float x, float y) {
     atomicAdd(dst + 1, y);
 }
 
-// dst[0..4) += v atomically: one 16-byte vector atomic (sm_90; the caller checks `v4`).
+// Atomic-mode dkv on sm_90 with D % 4 == 0: lane pairs swap halves of their 8-column
+// accumulators so that each lane adds 4 consecutive columns of one row (rows and
+// 4-column groups are then 16-byte aligned when dkv is).
+#if __CUDA_ARCH__ >= 900
+constexpr bool SWAP4 = D % 4 == 0;
+#else
+constexpr bool SWAP4 = false;
+#endif
+
+// dst[0..4) += v atomically: one 16-byte vector atomic (sm_90; the caller checks alignment).
 __device__ __forceinline__ void add4(float* dst, float4 v) {
 #if __CUDA_ARCH__ >= 900
     atomicAdd(reinterpret_cast<float4*>(dst), v);
@@ -133,13 +142,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
     const i64 s_hi = min(static_cast<i64>(p.S), s_lo + p.rows_per_cta);
     float* dkv = p.dkv + b * p.dkv_sb + chunk * p.dkv_sc;  // [P, D]: this CTA's target
     const bool det = p.deterministic != 0;
-    // Atomic dkv by 16-byte vectors: sm_90, D % 4 == 0 (rows and 4-column groups stay
-    // 16-byte aligned) and a 16-byte aligned target.
-#if __CUDA_ARCH__ >= 900
-    const bool v4 = D % 4 == 0 && (reinterpret_cast<unsigned long long>(dkv) & 15ull) == 0ull;
-#else
-    const bool v4 = false;
-#endif
+    // SWAP4: atomic dkv by 16-byte vectors when the target is 16-byte aligned (else two
+    // 8-byte ones from the same lanes).
+    const bool v4 = (reinterpret_cast<unsigned long long>(dkv) & 15ull) == 0ull;
     const int n_tiles = (p.T + BN - 1) / BN;
 
     for (i64 s = s_lo; s < s_hi; ++s) {
@@ -292,20 +297,34 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
                     }
                 }
             }
-            if (!det && v4) {
+            if (!det && SWAP4) {
                 // One 16-byte vector atomic per 4 columns: lane pairs (c4, c4^1) swap halves
                 // so that the even lane holds 4 columns of key_lo, the odd one of key_hi.
                 if (any) {
                     const bool odd = (c4 & 1) != 0;
                     const int key = odd ? key_hi : key_lo;
 #pragma unroll
-                    for (int dn = 0; dn < NDT; ++dn) {
+                    for (int dn = 0; dn < NDT; ++dn) {  // in place: kacc[dn] = 4 columns of `key`
                         const float r0 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][0] : kacc[dn][2], 1);
                         const float r1 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][1] : kacc[dn][3], 1);
-                        const int d = dn * 8 + 4 * (c4 >> 1);
-                        if (d < D && key >= 0) {
-                            const float4 v = odd ? make_float4(r0, r1, kacc[dn][2], kacc[dn][3]) : make_float4(kacc[dn][0], kacc[dn][1], r0, r1);
-                            add4(dkv + static_cast<i64>(key) * D + d, v);
+                        kacc[dn][0] = odd ? r0 : kacc[dn][0];
+                        kacc[dn][1] = odd ? r1 : kacc[dn][1];
+                        kacc[dn][2] = odd ? kacc[dn][2] : r0;
+                        kacc[dn][3] = odd ? kacc[dn][3] : r1;
+                    }
+                    if (key >= 0) {
+#pragma unroll
+                        for (int dn = 0; dn < NDT; ++dn) {
+                            const int d = dn * 8 + 4 * (c4 >> 1);
+                            if (d < D) {
+                                float* dst = dkv + static_cast<i64>(key) * D + d;
+                                if (v4) {
+                                    add4(dst, make_float4(kacc[dn][0], kacc[dn][1], kacc[dn][2], kacc[dn][3]));
+                                } else {
+                                    add2(dst, kacc[dn][0], kacc[dn][1]);
+                                    add2(dst + 2, kacc[dn][2], kacc[dn][3]);
+                                }
+                            }
                         }
                     }
                 }

@@ -16,7 +16,9 @@
 // IDX_FUSED=1 is the lightning indexer's forward (scores + top-k): each query's row of
 // scores is kept in shared memory instead of global, and once all tiles are done the CTA
 // selects its top-k from there with the block-wide exact selection of select.cuh (the
-// same code as topk.cu): the [B,S,P] scores are never written.
+// same code as topk.cu), reading each row only up to its query's visible keys (the
+// rest is -inf, never selected, and is not written either): the [B,S,P] scores are
+// never written.
 //
 // IDX_GATHER=1 is `indexer_topk_scores`: one query per CTA, the "key tile" is BN slots of
 // its selection, gathered by index (masked or invisible slots load zeros and score -inf).

@@ -8,14 +8,19 @@
 //     share the prefix found so far (first pass: warp-aggregated adds, as most keys share
 //     a few top bytes), a suffix scan, and the bin where the count from the
 //     top reaches the remaining rank. After 4 passes the threshold T is the K-th largest
-//     key and `need` says how many keys equal to T are taken. (When the row holds at most
-//     K finite scores, T = 0: all finite keys, need = 0.)
-//  3. Keys > T (fewer than K) are gathered as (key << 32 | ~index) and bitonic-sorted
-//     descending: score descending, index ascending. When the keys == T fit in the sort
-//     buffer too (the usual case: few exact ties), they are gathered and sorted with
-//     them: their order is index ascending, so the first `need` of them are the ones
-//     step 4 would take. Bitonic stages whose compare distance is below 64 stay within
-//     one warp's 64-entry blocks and synchronise the warp only.
+//     key and `need` says how many keys equal to T are taken. Early ends ("take all"):
+//     the row holds at most K finite keys (all of them are taken), or the selected bin
+//     is taken whole (its count equals the remaining rank: exactly K keys are >= the
+//     prefix; with continuous scores this usually ends after the third pass).
+//  3. Keys > T (fewer than K) are gathered as (key << 32 | ~index) (one shared atomic per
+//     warp) and bitonic-sorted descending: score descending, index ascending. When the
+//     keys == T fit in the sort buffer too (the usual case: few exact ties), they are
+//     gathered and sorted with them: their order is index ascending, so the first `need`
+//     of them are the ones step 4 would take. "Take all" gathers the keys >= the prefix.
+//     The sort works on 128-entry blocks, one warp a block, four entries a lane: stages
+//     of compare distance <= 64 run in registers (a lane's own entries, or shuffles),
+//     only the wider ones (3 of the 45 stages of a 512-entry sort) go through shared
+//     memory with block barriers.
 //  4. Otherwise keys == T are taken in index order (a block-wide ordered scan) right
 //     after the sorted ones until `need` are placed. The rest of the row is (-1, -inf).
 // Every output slot is written exactly once; the result does not depend on scheduling.
@@ -38,49 +43,75 @@ constexpr int SELECT_BINS = 256;
 // Shared scratch of one selection (2304 bytes), besides the sort buffer.
 struct SelectSmem {
     u32 hist[SELECT_BINS];
-    u32 suffix[SELECT_BINS];  // suffix[j] = hist[j] + ... + hist[255]
-    u32 misc[32];             // [0] selected bin, [1] remaining rank, [2] gathered count, [3] keys in the selected bin
+    u32 spare[SELECT_BINS];   // unused (keeps the size the launchers mirror)
+    u32 misc[32];             // [0] selected bin, [1] remaining rank, [2] gathered count, [3] keys in the selected bin, [4] keys counted
     u32 warp_sums[32];
 };
 static_assert(sizeof(SelectSmem) == 2304, "mirrored by the launchers");
 
-// suffix[] from hist[] by warp 0: lane l owns bins [8l, 8l+8). Ends with a barrier.
-__device__ __forceinline__ void select_suffix_scan(SelectSmem& sm) {
+// One radix pass's decision, by warp 0 (lane l owns bins [8l, 8l+8)): the counts from the
+// top (suffix sums of hist[]) and the bin where they reach `remaining`: misc[0] = the
+// bin, misc[1] = the rank left inside it, misc[3] = its keys; misc[4] = all keys counted.
+// hist[] is zeroed on the way for the next pass. Ends with a barrier.
+__device__ __forceinline__ void select_scan_pick(SelectSmem& sm, u32 remaining) {
     const int tid = threadIdx.x;
     if (tid < 32) {
-        u32 own = 0;
+        u32 h[8], own = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) own += sm.hist[tid * 8 + j];
+        for (int j = 0; j < 8; ++j) {
+            h[j] = sm.hist[tid * 8 + j];
+            own += h[j];
+        }
         u32 incl = own;  // sum over lanes >= tid
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const u32 y = __shfl_down_sync(DSV4_FULL_MASK, incl, o);
             if (tid + o < 32) incl += y;
         }
-        u32 run = incl - own;
+        u32 run = incl - own;  // keys in the bins above this lane's
 #pragma unroll
         for (int j = 7; j >= 0; --j) {
-            run += sm.hist[tid * 8 + j];
-            sm.suffix[tid * 8 + j] = run;
+            const u32 above = run;
+            run += h[j];
+            if (above < remaining && run >= remaining) {  // exactly one bin when remaining <= the total
+                sm.misc[0] = static_cast<u32>(tid * 8 + j);
+                sm.misc[1] = remaining - above;
+                sm.misc[3] = h[j];
+            }
         }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sm.hist[tid * 8 + j] = 0;
+        if (tid == 0) sm.misc[4] = incl;
     }
     __syncthreads();
 }
 
-// Bitonic stages (size, stride <= 32) on a warp's 64-entry block held in registers:
-// v[j] = entry base + 32j + lane. Same compare-exchange as the shared-memory stages:
-// the lower index keeps the larger entry when (index & size) == 0.
-__device__ __forceinline__ void bitonic_warp_stage(u64 (&v)[2], int base, int size, int stride, int lane) {
-    if (stride == 32) {  // size >= 64: one direction for the whole block
-        const bool desc = (base & size) == 0;
-        const u64 x = v[0], y = v[1];
-        const bool sw = (x < y) == desc;
-        v[0] = sw ? y : x;
-        v[1] = sw ? x : y;
+// The sort's blocks: SORT_E entries a lane, a warp's block of SORT_BLOCK entries held in
+// registers as v[j] = entry base + 32j + lane.
+constexpr int SORT_E = 4;
+constexpr int SORT_BLOCK = 32 * SORT_E;
+
+// Bitonic stage (size, stride < SORT_BLOCK) on a warp's block in registers. Same
+// compare-exchange as the shared-memory stages: the lower index keeps the larger entry
+// when (index & size) == 0. Strides >= 32 pair a lane's own entries, smaller ones pair
+// lanes (shuffles).
+__device__ __forceinline__ void bitonic_warp_stage(u64 (&v)[SORT_E], int base, int size, int stride, int lane) {
+    if (stride >= 32) {  // size >= 64: the direction does not depend on the lane
+        const int js = stride / 32;
+#pragma unroll
+        for (int j = 0; j < SORT_E; ++j) {
+            if ((j & js) == 0) {
+                const bool desc = ((base + 32 * j) & size) == 0;
+                const u64 x = v[j], y = v[j + js];
+                const bool sw = (x < y) == desc;
+                v[j] = sw ? y : x;
+                v[j + js] = sw ? x : y;
+            }
+        }
     } else {
         const bool is_lo = (lane & stride) == 0;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < SORT_E; ++j) {
             const bool desc = ((base + 32 * j + lane) & size) == 0;
             const u64 y = __shfl_xor_sync(DSV4_FULL_MASK, v[j], stride);
             const bool take_max = is_lo == desc;
@@ -108,10 +139,11 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K), in_bin = 0;
     bool take_all = false;
     int n_all = 0;
+    __syncthreads();  // the row is written; the previous users of the scratch are done
+    for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
+    __syncthreads();
     for (int shift = 24; shift >= 0; shift -= 8) {
-        __syncthreads();  // the previous pass's readers of hist / misc are done
-        for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
-        __syncthreads();
+        // hist[] is zero here: cleared above, then by each pass's scan.
         if (shift == 24) {
             // The top byte (sign and high exponent bits) puts most of a row in a few bins:
             // the lanes of a warp that share a bin add once, by their lowest lane.
@@ -129,21 +161,14 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
             }
         }
         __syncthreads();
-        select_suffix_scan(sm);
-        if (shift == 24 && sm.suffix[0] <= static_cast<u32>(K)) {  // block-uniform
+        // misc is rewritten only here, after the barrier above: the previous pass's
+        // readers are done.
+        select_scan_pick(sm, remaining);
+        if (shift == 24 && sm.misc[4] <= static_cast<u32>(K)) {  // block-uniform
             take_all = true;  // prefix = 0: every finite key
-            n_all = static_cast<int>(sm.suffix[0]);
+            n_all = static_cast<int>(sm.misc[4]);
             break;
         }
-        for (int t = tid; t < SELECT_BINS; t += NTHREADS) {
-            const u32 above = t + 1 < SELECT_BINS ? sm.suffix[t + 1] : 0u;
-            if (above < remaining && sm.suffix[t] >= remaining) {
-                sm.misc[0] = static_cast<u32>(t);
-                sm.misc[1] = remaining - above;
-                sm.misc[3] = sm.suffix[t] - above;
-            }
-        }
-        __syncthreads();
         prefix |= sm.misc[0] << shift;
         mask |= 0xffu << shift;
         remaining = sm.misc[1];
@@ -163,7 +188,7 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     const int n_out = ties_sorted ? n_gt + need : n_gt;  // slots filled from the sorted list
 
     // ---- 3. gather keys > T (and == T when they fit) and sort them (score desc, index asc)
-    __syncthreads();  // everyone has read misc / suffix
+    __syncthreads();  // everyone has read misc
     if (tid == 0) sm.misc[2] = 0;
     __syncthreads();
     for (int start = 0; start < P; start += NTHREADS) {  // warp-uniform trip count
@@ -180,33 +205,34 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     }
     int n2 = 1;
     while (n2 < n_sort) n2 <<= 1;
-    // Bitonic sort of n2 entries (entries [n_sort, n2) are 0 and sort last), in 64-entry
-    // blocks, one warp a block: stages of compare distance <= 32 run in registers on
-    // shuffles, the wider ones (size >= 128) in shared memory with block barriers. A row
-    // of fewer than 64 entries is one block whose missing entries are 0 in registers.
-    const int nblk = n2 < 64 ? 1 : n2 / 64;
+    // Bitonic sort of n2 entries (entries [n_sort, n2) are 0 and sort last), in blocks of
+    // SORT_BLOCK entries, one warp a block: stages of compare distance < SORT_BLOCK run in
+    // registers (own entries, then shuffles), the wider ones in shared memory with block
+    // barriers. A row of fewer than SORT_BLOCK entries is one block whose missing entries
+    // are 0 in registers.
+    const int nblk = n2 < SORT_BLOCK ? 1 : n2 / SORT_BLOCK;
     __syncthreads();  // the gathered entries are visible
     for (int blk = warp; blk < nblk; blk += NWARPS) {
-        const int base = blk * 64;
-        u64 v[2];
+        const int base = blk * SORT_BLOCK;
+        u64 v[SORT_E];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < SORT_E; ++j) {
             const int e = base + 32 * j + lane;
             v[j] = e < n_sort ? sort[e] : 0ull;
         }
 #pragma unroll
-        for (int size = 2; size <= 64; size <<= 1)
+        for (int size = 2; size <= SORT_BLOCK; size <<= 1)
 #pragma unroll
             for (int stride = size >> 1; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < SORT_E; ++j) {
             const int e = base + 32 * j + lane;
             if (e < n2) sort[e] = v[j];
         }
     }
     __syncthreads();
-    for (int size = 128; size <= n2; size <<= 1) {
-        for (int stride = size >> 1; stride >= 64; stride >>= 1) {
+    for (int size = 2 * SORT_BLOCK; size <= n2; size <<= 1) {
+        for (int stride = size >> 1; stride >= SORT_BLOCK; stride >>= 1) {
             for (int i = tid; i < n2 / 2; i += NTHREADS) {
                 const int lo = 2 * i - (i & (stride - 1));
                 const int hi = lo + stride;
@@ -220,12 +246,14 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
             __syncthreads();
         }
         for (int blk = warp; blk < nblk; blk += NWARPS) {
-            const int base = blk * 64;
-            u64 v[2] = {sort[base + lane], sort[base + 32 + lane]};
+            const int base = blk * SORT_BLOCK;
+            u64 v[SORT_E];
 #pragma unroll
-            for (int stride = 32; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
-            sort[base + lane] = v[0];
-            sort[base + 32 + lane] = v[1];
+            for (int j = 0; j < SORT_E; ++j) v[j] = sort[base + 32 * j + lane];
+#pragma unroll
+            for (int stride = SORT_BLOCK / 2; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
+#pragma unroll
+            for (int j = 0; j < SORT_E; ++j) sort[base + 32 * j + lane] = v[j];
         }
         __syncthreads();
     }

@@ -13,7 +13,9 @@
 
 // Shared memory (bytes), mirrored by `topk_smem_bytes` in src/indexer.rs:
 //   SelectSmem (2304) | sort [sort_cap] u64 | cache [P] u32 (when cache_row)
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) indexer_topk(const IndexerTopkParams p) {
+// Two CTAs per SM (the host keeps a CTA under 96 KiB of shared memory): up to 64
+// registers a thread, which the register-resident sort blocks of select.cuh use.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS, 2) indexer_topk(const IndexerTopkParams p) {
     using namespace dsv4::indexer;
     extern __shared__ __align__(16) unsigned char smem[];
     SelectSmem& sm = *reinterpret_cast<SelectSmem*>(smem);

@@ -6,7 +6,10 @@
 //   rows; 16-byte aligned output): a group of QR_LPR lanes per row, each lane holding
 //   QR_CPL 16-byte chunks of 8 channels in registers (a RoPE pair never straddles a
 //   chunk: chunks start at multiples of 8 and C - R is even), QR_U rows per group in
-//   flight, every load issued before any use; sums by shuffles over the group.
+//   flight, every load issued before any use; sums by shuffles over the group. Persistent
+//   (one wave of resident blocks): each group loads its next QR_U rows before computing
+//   the current ones; streaming (evict-first) loads and stores; cos/sin as float4 where
+//   QR_CS_VEC.
 // - the generic kernels (any strides, f32 x or grad): one warp per row, staged in shared
 //   memory (f32) so a channel can read its RoPE partner.
 // Rows run in token-major order r = (b*S + s)*H + h, so consecutive rows are written

@@ -1,4 +1,5 @@
-// Sinkhorn forward (SPEC.md section 4): one pass over x, f32, one thread per matrix.
+// Sinkhorn forward (SPEC.md section 4): one pass over x, f32, one thread per matrix at a
+// time (persistent, below).
 //   y = softmax(x, rows) + eps
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)

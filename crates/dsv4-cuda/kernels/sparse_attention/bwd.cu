@@ -64,6 +64,9 @@ constexpr int kNBW = (kNB + kWD - 1) / kWD;
 // Every warp owns the same even number of slot blocks: their K fragments load in pairs.
 constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;
+constexpr int kRowsPass = kThreads / kChunks;              // tile rows gathered per pass of the block
+constexpr int kRPT = (kBN + kRowsPass - 1) / kRowsPass;    // tile rows gathered per thread
+constexpr int kKPT = (kBN + kThreads - 1) / kThreads;      // slot keys recorded per thread
 constexpr int kHalf = kD / 2;            // dKV columns per staged pass
 constexpr int kST = kHalf + 4;           // staged row stride (f32): BN * kST * 4 == BN * QS * 2
 constexpr int kUnitsN = kHalf / 32;      // dKV work unit: 16 slots x 32 columns
@@ -152,18 +155,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         bool any_valid = false;  // this thread saw a valid slot of the row
 
+        // Gather tile `tile` into buffer `buf`. Every index load of the tile is issued
+        // before the first cp.async (whose "memory" clobber would otherwise serialise one
+        // load latency per row), so the thread waits for them about once.
         auto load_tile = [&](int tile, int buf) {
             const int t0 = tile * kBN;
             bf16* dst = kv_s + buf * kBN * QS;
             const int col = (tid % kChunks) * 8;
-            for (int r = tid / kChunks; r < kBN; r += kThreads / kChunks) {
-                const int key = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false);
-                cp_async16(dst + r * QS + col, key >= 0 ? kv_b + key * p.kv_sk + col : p.kv, key >= 0);
+            int kc[kRPT], ks[kKPT];
+#pragma unroll
+            for (int i = 0; i < kRPT; ++i) {
+                const int r = tid / kChunks + i * kRowsPass;
+                kc[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false) : -1;
             }
-            for (int r = tid; r < kBN; r += kThreads) {
-                const int key = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false);
-                key_s[buf * kBN + r] = key;
-                any_valid |= key >= 0;
+#pragma unroll
+            for (int i = 0; i < kKPT; ++i) {
+                const int r = tid + i * kThreads;
+                ks[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false) : -1;
+            }
+#pragma unroll
+            for (int i = 0; i < kRPT; ++i) {
+                const int r = tid / kChunks + i * kRowsPass;
+                if (r < kBN) cp_async16(dst + r * QS + col, kc[i] >= 0 ? kv_b + static_cast<i64>(kc[i]) * p.kv_sk + col : p.kv, kc[i] >= 0);
+            }
+#pragma unroll
+            for (int i = 0; i < kKPT; ++i) {
+                const int r = tid + i * kThreads;
+                if (r < kBN) {
+                    key_s[buf * kBN + r] = ks[i];
+                    any_valid |= ks[i] >= 0;
+                }
             }
         };
 

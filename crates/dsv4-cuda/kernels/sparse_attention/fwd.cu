@@ -6,10 +6,16 @@
 // slots are walked in tiles of SA_BN keys gathered by cp.async into a double buffer; the
 // same tile serves as K and as V (MQA: one shared head).
 //
-// Warps form a (HB/16) x WD grid, WD = D / SA_DW. Per tile:
-//   S = Q K^T           warp (m, j): heads m*16.., slot blocks j, j+WD, ..  -> smem (scaled, masked)
-//   online softmax      one warp per head row: m' = max(m, max S), P = exp(S - m'), l' = l a + sum P, a = exp(m - m')
-//   O = a O + P V       warp (m, j): heads m*16.., columns j*DW .. (j+1)*DW, f32 registers
+// Warps form a (HB/16) x WD grid, WD = D / SA_DW. Per tile (three barriers):
+//   S = Q K^T           warp (m, j): heads m*16.., slot blocks j, j+WD, .. in registers (scaled, masked);
+//                       its partial row maxima (quad shuffles) -> smem                           | barrier
+//   online softmax      m' = max(m, partial maxima), P = exp(S - m') -> smem (bf16), partial row
+//                       sums -> smem; a = exp(m - m'); m, l live in registers, the same in every
+//                       warp of a head group                                                      | barrier
+//   O = a O + P V       l' = a l + sum of the partial sums (warp order); warp (m, j): heads m*16..,
+//                       columns j*DW .. (j+1)*DW, f32 registers
+// The next tile's gather is issued after the barrier that opens a tile (every warp is done
+// with the buffer it overwrites) and lands while this tile computes.
 // The running max starts at the sink and l at 1 (= exp(sink - sink)), so an empty row
 // ends with out = 0, lse = sink, and |logits| ~ 1e4 never overflow.
 // Default arithmetic: exp2 on logits scaled by sm_scale*log2(e); SA_NATURAL_EXP=1
@@ -60,12 +66,13 @@ constexpr int kNBW = (kNB + kWD - 1) / kWD;  // slot blocks per warp in S = Q K^
 // Every warp owns the same even number of slot blocks: their K fragments load in pairs.
 constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;          // 16-byte chunks per row
+constexpr int kKR = 3;                   // slot-key ring: tiles j (masking S), j + 1 (gather), j + 2 (being loaded)
+constexpr int kKPT = (kBN + kThreads - 1) / kThreads;  // slot keys a thread loads per tile
 constexpr int kRowsPass = kThreads / kChunks;              // tile rows gathered per pass of the block
 constexpr int kRPT = (kBN + kRowsPass - 1) / kRowsPass;    // tile rows per thread
-constexpr int kRPW = (kHB + kNW - 1) / kNW;                // softmax rows per warp
-constexpr int kSG = kRPW < 4 ? kRPW : 4;                   // softmax rows a warp works on at once
 using L = FwdLayout<kD, kHB, kBN>;
-constexpr int QS = L::QS, SS = L::SS, PS = L::PS;
+constexpr int QS = L::QS, PS = L::PS;
+static_assert(2 * kWD * kHB <= kHB * L::SS, "the partial row maxima and sums fit the S area");
 
 static_assert(kD % 64 == 0 && kD <= 512, "SA_D: a multiple of 64, at most 512");
 static_assert(kHB % 16 == 0 && kHB >= 16 && kHB <= 64, "SA_HB: 16, 32, 48 or 64");
@@ -88,11 +95,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
     if (p.smem_bytes < L::bytes) __trap();  // the launcher's layout disagrees with this one
     bf16* q_s = reinterpret_cast<bf16*>(smem + L::q_off);
     bf16* kv_s = reinterpret_cast<bf16*>(smem + L::kv_off);
-    float* s_s = reinterpret_cast<float*>(smem + L::s_off);
+    float* mx_part = reinterpret_cast<float*>(smem + L::s_off);  // [WD][HB] per-warp row maxima of a tile (in the S area)
+    float* sum_part = mx_part + kWD * kHB;                         // [WD][HB] per-warp row sums of P
     bf16* p_s = reinterpret_cast<bf16*>(smem + L::p_off);
-    float* m_s = reinterpret_cast<float*>(smem + L::stats_off);  // running max (exp base units)
-    float* l_s = m_s + kHB;                                        // running sum
-    float* a_s = l_s + kHB;                                        // this tile's rescale
+    float* l_s = reinterpret_cast<float*>(smem + L::stats_off);   // [HB] running sums (kept by the warps wd == 0)
     int* key_s = reinterpret_cast<int*>(smem + L::keys_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -108,31 +114,38 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
     const bf16* kv_b = p.kv + b * p.kv_sb;
     const float s_scale = p.sm_scale * kLogScale;
 
-    // The gather is split in two so the index loads of a tile are in flight a whole tile
-    // before its cp.async needs them: fetch_keys reads the keys of this thread's rows of
-    // tile `tile` into registers (plain loads, all issued back to back; past the row's
-    // slots no load at all), issue_tile starts the copies of those rows into buffer `buf`
-    // (masked slots become zero rows) and records the keys for the masking of S.
-    const int g_col = (tid % kChunks) * 8, g_row = tid / kChunks;
-    auto fetch_keys = [&](int tile, int (&k)[kRPT]) {
+    // Slot keys travel through a ring of kKR tiles in shared memory, loaded from the index
+    // two tiles ahead: thread t loads the keys of slots t, t + threads, .. of tile j + 2 at
+    // the top of tile j and stores them at the end, so the index load's latency hides behind a whole
+    // tile and the gather of tile j + 1 (issue_tile) reads its keys from shared memory.
+    auto fetch_keys = [&](int tile, int (&k)[kKPT]) {  // past the row's slots: -1, no load
 #pragma unroll
-        for (int i = 0; i < kRPT; ++i) {
-            const int r = g_row + i * kRowsPass;
+        for (int i = 0; i < kKPT; ++i) {
+            const int r = tid + i * kThreads;
             k[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, tile * kBN + r, SA_DEDUP) : -1;
         }
     };
-    auto issue_tile = [&](const int (&k)[kRPT], int buf) {
+    auto store_keys = [&](int tile, const int (&k)[kKPT]) {
+#pragma unroll
+        for (int i = 0; i < kKPT; ++i) {
+            const int r = tid + i * kThreads;
+            if (r < kBN) key_s[(tile % kKR) * kBN + r] = k[i];
+        }
+    };
+    // Gather the K/V rows of tile `tile` into buffer `buf`; masked slots become zero rows.
+    auto issue_tile = [&](int tile, int buf) {
         bf16* dst = kv_s + buf * kBN * QS;
+        const int* keys = key_s + (tile % kKR) * kBN;
+        const int col = (tid % kChunks) * 8;
 #pragma unroll
         for (int i = 0; i < kRPT; ++i) {
-            const int r = g_row + i * kRowsPass;
+            const int r = tid / kChunks + i * kRowsPass;
             if (r < kBN) {
-                cp_async16(dst + r * QS + g_col, k[i] >= 0 ? kv_b + static_cast<i64>(k[i]) * p.kv_sk + g_col : p.kv, k[i] >= 0);
-                if (g_col == 0) key_s[buf * kBN + r] = k[i];
+                const int key = keys[r];
+                cp_async16(dst + r * QS + col, key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + col : p.kv, key >= 0);
             }
         }
     };
-    int next_keys[kRPT];  // keys of this thread's rows of the next tile to issue
 
     // Q rows of this head block (heads >= H are zero rows).
     {
@@ -143,17 +156,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
             cp_async16(q_s + r * QS + col, ok ? q_row + (h0 + r) * p.q_sh + col : p.q, ok);
         }
     }
-    if (n_tiles > 0) {
-        fetch_keys(0, next_keys);
-        issue_tile(next_keys, 0);
-        fetch_keys(1, next_keys);
-    }
+    int key_ahead[kKPT];  // keys of tile j + 2 while tile j runs
+    fetch_keys(0, key_ahead);
+    store_keys(0, key_ahead);
+    fetch_keys(1, key_ahead);
+    store_keys(1, key_ahead);
+    __syncthreads();
+    if (n_tiles > 0) issue_tile(0, 0);
     cp_async_commit();
-    for (int r = tid; r < kHB; r += kThreads) {
-        const int h = h0 + r;
-        m_s[r] = (h < p.H ? p.sinks[h * p.sinks_sh] : 0.0f) * kLogScale;  // the sink joins the max
-        l_s[r] = 1.0f;                                                      // exp(sink - sink)
-    }
+
+    // Running max of this thread's heads r0 = wm*16 + g and r1 = r0 + 8, in registers: every
+    // warp of the head group computes the same values from the same inputs. The running
+    // sums live in shared memory, updated by the warp wd == 0 of the group.
+    const int r0 = wm * 16 + g, r1 = r0 + 8;
+    float m0 = (h0 + r0 < p.H ? p.sinks[(h0 + r0) * p.sinks_sh] : 0.0f) * kLogScale;  // the sink joins the max
+    float m1 = (h0 + r1 < p.H ? p.sinks[(h0 + r1) * p.sinks_sh] : 0.0f) * kLogScale;
+    for (int r = tid; r < kHB; r += kThreads) l_s[r] = 1.0f;  // exp(sink - sink); ordered by the first barrier below
 
     float o[kDW / 8][4];  // O[heads wm*16 + (g, g+8)][columns wd*DW + n*8 + 2c4 + (0, 1)]
 #pragma unroll
@@ -161,120 +179,121 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
 
     for (int j = 0; j < n_tiles; ++j) {
         const int buf = j & 1;
-        if (j + 1 < n_tiles) {
-            issue_tile(next_keys, buf ^ 1);
-            fetch_keys(j + 2, next_keys);  // consumed next iteration: the loads overlap this tile
-        }
+        cp_async_wait<0>();  // tile j (and Q) landed
+        __syncthreads();     // ... for every thread; and every warp is done with tile j - 1 (buffer buf ^ 1, P, partial sums)
+        if (j + 1 < n_tiles) issue_tile(j + 1, buf ^ 1);
         cp_async_commit();
-        cp_async_wait<1>();  // tile j (and Q) landed
-        __syncthreads();
+        fetch_keys(j + 2, key_ahead);  // stored at the end of this tile
         const bf16* kt = kv_s + buf * kBN * QS;
-        const int* keys = key_s + buf * kBN;
+        const int* keys = key_s + (j % kKR) * kBN;
 
-        // S = Q K^T (scaled into exp-base units; masked slots -inf)
-        {
-            float acc[kNBW][4];
+        // S = Q K^T (scaled into exp-base units; masked slots -inf), kept in registers
+        float acc[kNBW][4];
 #pragma unroll
-            for (int i = 0; i < kNBW; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        for (int i = 0; i < kNBW; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 #pragma unroll 4
-            for (int kk = 0; kk < kD; kk += 16) {
-                u32 a[4];
-                ldsm_x4(a, q_s + (wm * 16 + (lane & 15)) * QS + kk + (lane >> 4) * 8);
-                if constexpr (kPairB) {
-                    // Slot blocks i, i+1 in one ldmatrix.x4: matrices (k lo, k hi) of block i, then of i+1.
+        for (int kk = 0; kk < kD; kk += 16) {
+            u32 a[4];
+            ldsm_x4(a, q_s + (wm * 16 + (lane & 15)) * QS + kk + (lane >> 4) * 8);
+            if constexpr (kPairB) {
+                // Slot blocks i, i+1 in one ldmatrix.x4: matrices (k lo, k hi) of block i, then of i+1.
 #pragma unroll
-                    for (int i = 0; i < kNBW; i += 2) {
-                        u32 bk[4];
-                        ldsm_x4(bk, kt + ((wd + (i + (lane >> 4)) * kWD) * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                for (int i = 0; i < kNBW; i += 2) {
+                    u32 bk[4];
+                    ldsm_x4(bk, kt + ((wd + (i + (lane >> 4)) * kWD) * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
+                    mma_bf16(acc[i], a, bk[0], bk[1]);
+                    mma_bf16(acc[i + 1], a, bk[2], bk[3]);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < kNBW; ++i) {
+                    const int nb = wd + i * kWD;
+                    if (nb < kNB) {
+                        u32 bk[2];
+                        ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
                         mma_bf16(acc[i], a, bk[0], bk[1]);
-                        mma_bf16(acc[i + 1], a, bk[2], bk[3]);
                     }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < kNBW; ++i) {
-                        const int nb = wd + i * kWD;
-                        if (nb < kNB) {
-                            u32 bk[2];
-                            ldsm_x2(bk, kt + (nb * 8 + (lane & 7)) * QS + kk + ((lane >> 3) & 1) * 8);
-                            mma_bf16(acc[i], a, bk[0], bk[1]);
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < kNBW; ++i) {
-                const int nb = wd + i * kWD;
-                if (nb < kNB) {
-                    const int c = nb * 8 + 2 * c4;
-                    const bool v0 = keys[c] >= 0, v1 = keys[c + 1] >= 0;
-                    float* r0 = s_s + (wm * 16 + g) * SS + c;
-                    float* r1 = r0 + 8 * SS;
-                    r0[0] = v0 ? acc[i][0] * s_scale : neg_inf();
-                    r0[1] = v1 ? acc[i][1] * s_scale : neg_inf();
-                    r1[0] = v0 ? acc[i][2] * s_scale : neg_inf();
-                    r1[1] = v1 ? acc[i][3] * s_scale : neg_inf();
                 }
             }
         }
-        __syncthreads();
+        // This warp's slots: scale, mask, and the partial row max over them (quad shuffles).
+        float pm0 = neg_inf(), pm1 = neg_inf();
+#pragma unroll
+        for (int i = 0; i < kNBW; ++i) {
+            const int nb = wd + i * kWD;
+            const int c = nb * 8 + 2 * c4;
+            const bool v0 = nb < kNB && keys[c] >= 0, v1 = nb < kNB && keys[c + 1] >= 0;
+            acc[i][0] = v0 ? acc[i][0] * s_scale : neg_inf();
+            acc[i][1] = v1 ? acc[i][1] * s_scale : neg_inf();
+            acc[i][2] = v0 ? acc[i][2] * s_scale : neg_inf();
+            acc[i][3] = v1 ? acc[i][3] * s_scale : neg_inf();
+            pm0 = fmaxf(pm0, fmaxf(acc[i][0], acc[i][1]));
+            pm1 = fmaxf(pm1, fmaxf(acc[i][2], acc[i][3]));
+        }
+        pm0 = fmaxf(pm0, __shfl_xor_sync(DSV4_FULL_MASK, pm0, 1));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(DSV4_FULL_MASK, pm1, 1));
+        pm0 = fmaxf(pm0, __shfl_xor_sync(DSV4_FULL_MASK, pm0, 2));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(DSV4_FULL_MASK, pm1, 2));
+        if (c4 == 0) {
+            mx_part[wd * kHB + r0] = pm0;
+            mx_part[wd * kHB + r1] = pm1;
+        }
+        __syncthreads();  // partial maxima of every warp
 
-        // Online softmax, one warp per head row: m' = max(m, S), P = exp(S - m'), l' = a l + sum P.
-        // A warp's rows r = warp + kNW * i are worked on kSG at a time (independent chains of
-        // loads and shuffles in flight together); each row's arithmetic is unchanged.
-        for (int i0 = 0; i0 < kRPW; i0 += kSG) {
-            float m_old[kSG], mx[kSG], sum[kSG], v[kSG][kBN / 32];
+        // m' = max(m, S), P = exp(S - m') (bf16 to shared for P V), partial sums of P
+        float mn0 = m0, mn1 = m1;
 #pragma unroll
-            for (int u = 0; u < kSG; ++u) {
-                const int r = warp + kNW * (i0 + u);
-                const bool ok = i0 + u < kRPW && r < kHB;  // warp-uniform
-                m_old[u] = ok ? m_s[r] : 0.0f;
-                mx[u] = m_old[u];
+        for (int w = 0; w < kWD; ++w) {
+            mn0 = fmaxf(mn0, mx_part[w * kHB + r0]);
+            mn1 = fmaxf(mn1, mx_part[w * kHB + r1]);
+        }
+        float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kBN / 32; ++i) {
-                    v[u][i] = ok ? s_s[r * SS + lane + 32 * i] : 0.0f;
-                    mx[u] = fmaxf(mx[u], v[u][i]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kSG; ++u) mx[u] = warp_max(mx[u]);
-#pragma unroll
-            for (int u = 0; u < kSG; ++u) {
-                const int r = warp + kNW * (i0 + u);
-                const bool ok = i0 + u < kRPW && r < kHB;
-                sum[u] = 0.0f;
-#pragma unroll
-                for (int i = 0; i < kBN / 32; ++i) {
-                    const float e = exp_base(v[u][i] - mx[u]);  // masked: exp(-inf) = 0
-                    if (ok) p_s[r * PS + lane + 32 * i] = __float2bfloat16_rn(e);
-                    sum[u] += e;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kSG; ++u) sum[u] = warp_sum(sum[u]);
-            if (lane == 0) {
-#pragma unroll
-                for (int u = 0; u < kSG; ++u) {
-                    const int r = warp + kNW * (i0 + u);
-                    if (i0 + u < kRPW && r < kHB) {
-                        const float alpha = exp_base(m_old[u] - mx[u]);
-                        a_s[r] = alpha;
-                        l_s[r] = l_s[r] * alpha + sum[u];
-                        m_s[r] = mx[u];
-                    }
-                }
+        for (int i = 0; i < kNBW; ++i) {
+            const int nb = wd + i * kWD;
+            if (nb < kNB) {
+                const float e0 = exp_base(acc[i][0] - mn0), e1 = exp_base(acc[i][1] - mn0);  // masked: exp(-inf) = 0
+                const float e2 = exp_base(acc[i][2] - mn1), e3 = exp_base(acc[i][3] - mn1);
+                const int c = nb * 8 + 2 * c4;
+                *reinterpret_cast<u32*>(p_s + r0 * PS + c) = pack_bf16x2(e0, e1);
+                *reinterpret_cast<u32*>(p_s + r1 * PS + c) = pack_bf16x2(e2, e3);
+                ps0 += e0 + e1;
+                ps1 += e2 + e3;
             }
         }
-        __syncthreads();
+        ps0 += __shfl_xor_sync(DSV4_FULL_MASK, ps0, 1);
+        ps1 += __shfl_xor_sync(DSV4_FULL_MASK, ps1, 1);
+        ps0 += __shfl_xor_sync(DSV4_FULL_MASK, ps0, 2);
+        ps1 += __shfl_xor_sync(DSV4_FULL_MASK, ps1, 2);
+        if (c4 == 0) {
+            sum_part[wd * kHB + r0] = ps0;
+            sum_part[wd * kHB + r1] = ps1;
+        }
+        const float al0 = exp_base(m0 - mn0), al1 = exp_base(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        __syncthreads();  // P and the partial sums of every warp
+
+        // l' = a l + sum P (the partial sums in warp order)
+        if (wd == 0 && c4 == 0) {
+            float ts0 = 0.0f, ts1 = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kWD; ++w) {
+                ts0 += sum_part[w * kHB + r0];
+                ts1 += sum_part[w * kHB + r1];
+            }
+            l_s[r0] = l_s[r0] * al0 + ts0;
+            l_s[r1] = l_s[r1] * al1 + ts1;
+        }
 
         // O = a O + P V
         {
-            const float a0 = a_s[wm * 16 + g], a1 = a_s[wm * 16 + g + 8];
 #pragma unroll
             for (int n = 0; n < kDW / 8; ++n) {
-                o[n][0] *= a0;
-                o[n][1] *= a0;
-                o[n][2] *= a1;
-                o[n][3] *= a1;
+                o[n][0] *= al0;
+                o[n][1] *= al0;
+                o[n][2] *= al1;
+                o[n][3] *= al1;
             }
 #pragma unroll
             for (int kk = 0; kk < kBN; kk += 16) {
@@ -289,31 +308,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
                 }
             }
         }
-        __syncthreads();  // buffer `buf`, S and P are free for the next tile
+        store_keys(j + 2, key_ahead);  // into the ring slot of tile j - 1 (read before this tile's first barrier)
     }
     cp_async_wait<0>();  // the Q group when the row has no tile
-    __syncthreads();     // m, l of every row (also when there was no tile)
+    __syncthreads();     // l of every row (also when there was no tile)
 
     // out = O / l ; lse = log(Z) = m + log(l) (natural log)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const int r = wm * 16 + g + 8 * half;
+        const int r = half ? r1 : r0;
         const int h = h0 + r;
         if (h < p.H) {
-            const float inv = 1.0f / l_s[r];
+            const float l = l_s[r];
+            const float inv = 1.0f / l;
             bf16* orow = p.out + (row * p.H + h) * kD + wd * kDW + 2 * c4;
 #pragma unroll
             for (int n = 0; n < kDW / 8; ++n) *reinterpret_cast<u32*>(orow + n * 8) = pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-        }
-    }
-    for (int r = tid; r < kHB; r += kThreads) {
-        const int h = h0 + r;
-        if (h < p.H) {
+            if (wd == 0 && c4 == 0) {
+                const float m = half ? m1 : m0;
 #if SA_NATURAL_EXP
-            p.lse[row * p.H + h] = m_s[r] + logf(l_s[r]);
+                p.lse[row * p.H + h] = m + logf(l);
 #else
-            p.lse[row * p.H + h] = (m_s[r] + log2f(l_s[r])) * kLn2;
+                p.lse[row * p.H + h] = (m + log2f(l)) * kLn2;
 #endif
+            }
         }
     }
 }

@@ -89,11 +89,11 @@ template <int D, int HB, int BN> struct FwdLayout {
     static constexpr int PS = BN + 8;  // P rows (bf16)
     static constexpr int q_off = 0;                           // Q      [HB][QS] bf16
     static constexpr int kv_off = q_off + HB * QS * 2;        // K/V    [2][BN][QS] bf16 (double buffer)
-    static constexpr int s_off = kv_off + 2 * BN * QS * 2;    // S      [HB][SS] f32
+    static constexpr int s_off = kv_off + 2 * BN * QS * 2;    // [HB][SS] f32: holds the per-warp partial row maxima and sums [2][D/DW][HB] f32
     static constexpr int p_off = s_off + HB * SS * 4;         // P      [HB][PS] bf16
-    static constexpr int stats_off = p_off + HB * PS * 2;     // m, l, alpha [3][HB] f32
-    static constexpr int keys_off = stats_off + 3 * HB * 4;   // keys   [2][BN] i32
-    static constexpr int bytes = keys_off + 2 * BN * 4;
+    static constexpr int stats_off = p_off + HB * PS * 2;     // l [HB] f32 (of [3][HB] reserved)
+    static constexpr int keys_off = stats_off + 3 * HB * 4;   // keys   [3][BN] i32 (ring: tiles j, j+1, j+2)
+    static constexpr int bytes = keys_off + 3 * BN * 4;
 };
 
 // Shared-memory layout of bwd.cu (byte offsets).
