@@ -101,17 +101,8 @@ fn check_out(arg: &'static str, out: &TensorViewMut) -> Result<()> {
     Ok(())
 }
 
-/// Threads per forward block (one matrix at a time each).
+/// Threads per forward block (one matrix each).
 const FWD_THREADS: usize = 128;
-/// Resident forward blocks per SM (`SINKHORN_FWD_MINB`, kernels/sinkhorn/fwd.cu): the
-/// persistent forward grid is at most one wave of them.
-fn fwd_min_blocks(n: usize) -> usize {
-    match n {
-        0..=4 => 8,
-        5..=6 => 4,
-        _ => 2,
-    }
-}
 
 fn blocks(matrices: usize, threads: usize) -> u32 {
     matrices.div_ceil(threads).max(1) as u32
@@ -128,11 +119,9 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
     // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte
     // aligned, vector_ok); `out` is contiguous f32 of x's shape (M*n*n elements, checked
-    // above); each thread handles matrices t, t + grid threads, ... below M (its prefetch
-    // of the next one is guarded too); the kernel is sinkhorn_fwd, which takes
-    // SinkhornParams.
-    let grid = blocks(m, FWD_THREADS).min((gpu.props().sm_count as usize * fwd_min_blocks(n)).max(1) as u32);
-    unsafe { k.launch([grid, 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
+    // above); one thread per matrix, threads past M return; the kernel is sinkhorn_fwd,
+    // which takes SinkhornParams.
+    unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
 /// Shared-memory bytes the backward needs per thread (one matrix).

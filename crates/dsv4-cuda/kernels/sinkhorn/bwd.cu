@@ -40,23 +40,14 @@ struct VMat {
 #define SINKHORN_V_SMEM 0
 #endif
 
-// 1 / d for a normal positive d: the hardware approximation (MUFU.RCP64H, relative error
-// e0 of roughly 2^-20 or better) refined by one third-order step, r += r*(e + e^2) with
-// e = 1 - d*r (error e0^3: below the f64 ulp from 2^-18 on; three FMAs, one fewer than two
-// Newton steps), no slow path. The forward recompute and the backward invert the same d
-// the same way, so the backward is the exact gradient of the steps as computed.
+// 1 / d for a normal positive d: the hardware approximation (MUFU.RCP64H, ~20 bits or
+// better) refined by two Newton steps (error squared each time: below an f64 ulp or so),
+// no slow path. The forward recompute and the backward invert the same d the same way.
 __device__ __forceinline__ double rcp(double d) {
     double r;
     asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
-#if SINKHORN_V_SMEM
-    // n >= 7: two Newton steps instead (this schedule leaves ptxas no spills at n = 8).
     r = fma(r, fma(-d, r, 1.0), r);
     return fma(r, fma(-d, r, 1.0), r);
-#else
-    double e = fma(-d, r, 1.0);
-    e = fma(e, e, e);
-    return fma(e, r, r);
-#endif
 }
 
 // Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
@@ -77,9 +68,7 @@ template <bool ROWS> __device__ __forceinline__ void fwd_step(VMat& v, double ep
     }
 }
 
-// Reverse of one step: g <- (g - <g, v>_axis) * inv = fma(g, inv, -<g, v> * inv), then
-// v <- v * den (the step's input). Per denominator at n = 4: 2 (rcp) + 4 + 1 + 4 + 4 f64
-// operations (20 before: two Newton steps and a separate subtract).
+// Reverse of one step: g <- (g - <g, v>_axis) / den, then v <- v * den (the step's input).
 template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&g)[NN], const double* tape, int T) {
 #pragma unroll
     for (int a = 0; a < N; ++a) {
@@ -88,23 +77,12 @@ template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&
         double dot = 0.0;
 #pragma unroll
         for (int b = 0; b < N; ++b) dot = fma(g[at<ROWS>(a, b)], v(at<ROWS>(a, b)), dot);
-#if SINKHORN_V_SMEM
-        // (n >= 7: the plain form, which keeps one register fewer live: no spills)
 #pragma unroll
         for (int b = 0; b < N; ++b) {
             const int e = at<ROWS>(a, b);
             g[e] = (g[e] - dot) * inv;
             v(e) = v(e) * d;
         }
-#else
-        const double ndi = -dot * inv;
-#pragma unroll
-        for (int b = 0; b < N; ++b) {
-            const int e = at<ROWS>(a, b);
-            g[e] = fma(g[e], inv, ndi);
-            v(e) = v(e) * d;
-        }
-#endif
     }
 }
 

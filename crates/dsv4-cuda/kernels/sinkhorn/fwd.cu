@@ -1,5 +1,4 @@
-// Sinkhorn forward (SPEC.md section 4): one pass over x, f32, one thread per matrix at a
-// time (persistent, below).
+// Sinkhorn forward (SPEC.md section 4): one pass over x, f32, one thread per matrix.
 //   y = softmax(x, rows) + eps
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)
@@ -50,52 +49,38 @@ __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[
     }
 }
 
-// Persistent: thread `t` handles matrices t, t + threads, ... and loads the next one before
-// computing the current one, so memory traffic overlaps the (MUFU- and issue-bound) steps
-// instead of every block loading, then computing, then storing in lockstep. The launcher
-// sizes the grid to one wave of SINKHORN_FWD_MINB resident blocks of 128 threads per SM
-// (register budget: 64 per thread at n <= 4, 128 at n <= 6, 255 above; the same formula
-// lives in sinkhorn.rs).
-#define SINKHORN_FWD_MINB (SINKHORN_N <= 4 ? 8 : (SINKHORN_N <= 6 ? 4 : 2))
-extern "C" __global__ void __launch_bounds__(128, SINKHORN_FWD_MINB) sinkhorn_fwd(const SinkhornParams p) {
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
+    const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.matrices) return;
     float K[NN];
     load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
-    for (; m < p.matrices; m += stride) {
-        float Kn[NN];
-        if (m + stride < p.matrices) load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m + stride, Kn);
-        // K = softmax over each row + eps.
+    // K = softmax over each row + eps.
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-            float mx = K[i * N];
+    for (int i = 0; i < N; ++i) {
+        float mx = K[i * N];
 #pragma unroll
-            for (int j = 1; j < N; ++j) mx = fmaxf(mx, K[i * N + j]);
-            float s = 0.f;
+        for (int j = 1; j < N; ++j) mx = fmaxf(mx, K[i * N + j]);
+        float s = 0.f;
 #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                K[i * N + j] = expf(K[i * N + j] - mx);
-                s = __fadd_rn(s, K[i * N + j]);
-            }
-            const float inv = rcp(s);
-#pragma unroll
-            for (int j = 0; j < N; ++j) K[i * N + j] = __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
+        for (int j = 0; j < N; ++j) {
+            K[i * N + j] = expf(K[i * N + j] - mx);
+            s = __fadd_rn(s, K[i * N + j]);
         }
-        float a[N], b[N];
+        const float inv = rcp(s);
 #pragma unroll
-        for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f;
-        col_step(K, a, b, p.eps);
-        for (int k = 1; k < p.repeat; ++k) {
-            row_step(K, a, b, p.eps);
-            col_step(K, a, b, p.eps);
-        }
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-#pragma unroll
-            for (int j = 0; j < N; ++j) K[i * N + j] = __fmul_rn(__fmul_rn(K[i * N + j], a[i]), b[j]);
-        store_matrix(p.out, m, K);
-#pragma unroll
-        for (int e = 0; e < NN; ++e) K[e] = Kn[e];  // garbage past the end, never used
+        for (int j = 0; j < N; ++j) K[i * N + j] = __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
     }
+    float a[N], b[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f;
+    col_step(K, a, b, p.eps);
+    for (int k = 1; k < p.repeat; ++k) {
+        row_step(K, a, b, p.eps);
+        col_step(K, a, b, p.eps);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) K[i * N + j] = __fmul_rn(__fmul_rn(K[i * N + j], a[i]), b[j]);
+    store_matrix(p.out, m, K);
 }
