@@ -377,7 +377,10 @@ impl ScoresTiles {
     ///   D = 128 (64 registers), fewer for larger D.
     /// - bn: 64 keys per tile for dense scores (with bq = 4 queries: 8 warps, two of them
     ///   per query, ~104 KB of shared memory at H = 64, D = 128: two CTAs, 16 warps per
-    ///   SM); 128 slots in gather mode, where a CTA has one query and needs 4 warps from keys.
+    ///   SM); 64 slots in gather mode too, where a CTA has one query: with nt <= 2 that is
+    ///   4 warps in ~53 KB at H = 64, D = 128, four CTAs (queries) and 16 warps per SM
+    ///   (128 slots and nt = 4 were 88 KB: two queries, 8 warps), so that more queries'
+    ///   index and row fetches overlap the tensor-core work of others.
     /// - bq: 4 queries per CTA amortise each key tile (its L2 traffic, copies and barriers)
     ///   over four queries while keeping the causal waste of a query block small (the
     ///   fused top-k takes 2, for its rows of scores); both shrink until shared memory fits.
@@ -388,8 +391,8 @@ impl ScoresTiles {
         if h > 1024 {
             return Err(unavailable(op, format!("H = {h} heads: the tensor-core indexer kernels take H <= 1024")));
         }
-        let nt = warp_n_tiles(d);
-        let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 4 }, bn: if gather { 128 } else { 64 }, nt, gather, fused: None };
+        let nt = if gather { warp_n_tiles(d).min(2) } else { warp_n_tiles(d) };
+        let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 4 }, bn: 64, nt, gather, fused: None };
         let limit = gpu.props().max_shared_per_block_optin as usize;
         while t.smem_bytes() > limit && t.bq > 1 {
             t.bq -= 1;
@@ -841,8 +844,10 @@ mod tests {
         let base = (64 * 136 + 2 * 64 * 136 + 64 * 72) * 2 + 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4;
         assert_eq!(bwd_mma_smem_bytes(64, 128, false), base);
         assert_eq!(bwd_mma_smem_bytes(64, 128, true), base + 64 * 136 * 4);
-        // Two CTAs per SM on Hopper even when deterministic.
+        // Two CTAs per SM on Hopper even when deterministic; three in atomic mode (the
+        // kernel's register bound, __launch_bounds__(128, 3), is sized for them).
         assert!(2 * bwd_mma_smem_bytes(64, 128, true) <= 227 << 10);
+        assert!(3 * (bwd_mma_smem_bytes(64, 128, false) + 1024) <= 228 << 10);
         assert!(bwd_mma_fits(64, 128) && bwd_mma_fits(3, 20) && !bwd_mma_fits(65, 128) && !bwd_mma_fits(8, 136));
     }
 

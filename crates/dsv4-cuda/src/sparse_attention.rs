@@ -262,10 +262,10 @@ pub fn fwd_smem_bytes(d: usize, hb: usize, bn: usize) -> usize {
 }
 
 /// Shared memory of `bwd.cu` (mirrors `BwdLayout` in tile.cuh): Q, dO, two K/V tiles, P and
-/// dS (bf16), lse and delta, slot keys, first-slot-of-key.
+/// dS (bf16), lse and delta, a ring of three tiles' slot keys.
 pub fn bwd_smem_bytes(d: usize, hb: usize, bn: usize) -> usize {
     let (qs, ps) = (d + 8, bn + 8);
-    2 * hb * qs * 2 + 2 * bn * qs * 2 + 2 * hb * ps * 2 + 2 * hb * 4 + 2 * bn * 4 + bn * 4
+    2 * hb * qs * 2 + 2 * bn * qs * 2 + 2 * hb * ps * 2 + 2 * hb * 4 + 3 * bn * 4
 }
 
 /// The tile for head dim `d`, `h` heads and `smem_max` bytes of opt-in shared memory:

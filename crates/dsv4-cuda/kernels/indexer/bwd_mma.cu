@@ -27,6 +27,13 @@
 //        `indexer_bwd_reduce` (bwd.cu) then sums the slices in chunk order.
 // dq (bf16) and dw of a query are written once, from the registers.
 //
+// Registers: at most 168 a thread (__launch_bounds__(128, 3)), so that three CTAs share an
+// SM on Hopper (3 x 62 KB of shared memory at H = 64, D = 128; atomic mode): step 1 runs
+// in two halves of 32 slots and step 2 in two halves of D, so that only half of A's or
+// dkv's accumulators live next to dq's 64; the k-step loops are unrolled by 2 and the copy
+// loops not at all (fully unrolled, ptxas hoists their loads and addresses past the
+// limit). Every accumulator sums the same products in the same order as unsplit.
+//
 // G is rounded to bf16 for the tensor cores (f32 accumulate), like q and kv themselves;
 // dw uses the f32 products. Shape limits (the host falls back to bwd.cu beyond them):
 // H <= 64, D <= 128.
@@ -61,13 +68,18 @@ constexpr int DCH_PAD = DPAD / 8;
 constexpr int LDS = DPAD + 8;             // bf16 row stride of sq / skv (+16 bytes: conflict-free ldmatrix)
 constexpr int BN = 64;                    // slots per tile
 constexpr int NTN = BN / 8;               // slot n-tiles of A
+constexpr int NTH = NTN / 2;              // n-tiles of A per half (an even count: 16-slot k-steps of dq)
+constexpr int DCHUNK = NDT % 4 == 0 ? NDT / 2 : NDT;  // d n-tiles of dkv accumulated at a time (even)
 constexpr int LDG = BN + 8;               // bf16 row stride of sG
 constexpr int LDF = DPAD + 8;             // f32 row stride of the staged dkv tile
 constexpr int NWARPS = 4;
 constexpr int NTHREADS = NWARPS * 32;
 static_assert(MT <= NWARPS, "one warp per 16-head m-tile: H <= 64");
 static_assert(BN == 16 * NWARPS, "one warp per 16-slot m-tile of dkv");
+static_assert(BN == 64, "a warp votes over a tile's keys two per lane");
 static_assert(DPAD <= 128, "dq and dkv accumulators live in registers: D <= 128");
+static_assert(NTH % 2 == 0 && NTN % NTH == 0, "halves of whole 16-slot k-steps of dq");
+static_assert(DCHUNK % 2 == 0 && NDT % DCHUNK == 0, "dkv chunks of whole ldmatrix.x4 pairs");
 
 // Shared memory (bytes), mirrored by `bwd_mma_smem_bytes` in src/indexer.rs:
 //   sq [HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sG [HPAD][LDG] bf16 | sw [HPAD] f32 |
@@ -124,7 +136,7 @@ __device__ __forceinline__ void store_pair(bf16* dst, float x, float y, bool sec
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const IndexerBwdParams p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, 3) indexer_bwd_mma(const IndexerBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* sq = reinterpret_cast<bf16*>(smem);
     bf16* skv = sq + HPAD * LDS;
@@ -149,6 +161,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
 
     for (i64 s = s_lo; s < s_hi; ++s) {
         // ---- q rows (cp.async, zero past H and D) and weights ------------------------------
+#pragma unroll 1
         for (int e = tid; e < HPAD * DCH_PAD; e += NTHREADS) {
             const int c = e % DCH_PAD, h = e / DCH_PAD;
             const bool valid = h < H && c < DCH;
@@ -184,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
         };
         // kv rows of the slots in skey[buf] (zeros for ignored slots); needs skey published.
         auto load_rows = [&](int buf) {
+#pragma unroll 1
             for (int e = tid; e < BN * DCH_PAD; e += NTHREADS) {
                 const int c = e % DCH_PAD, j = e / DCH_PAD;
                 const int key = skey[buf * BN + j];
@@ -223,138 +237,154 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_mma(const 
             const bf16* kv_tile = skv + buf * BN * LDS;
             const float* g_tile = sg + buf * BN;
             const int* key_tile = skey + buf * BN;
+            // A tile whose slots are all ignored (past a short query's selection, or masked)
+            // adds nothing: its products are skipped. Block-uniform: every warp votes over
+            // the same published keys.
+            const bool tile_live = __any_sync(DSV4_FULL_MASK, key_tile[lane] >= 0 || key_tile[lane + 32] >= 0);
 
             // ---- 1. A = q kv^T for this warp's 16 heads; dw; G; dq += G kv -------------------
-            if (warp < MT) {
-                float acc[NTN][4];
-#pragma unroll
-                for (int nt = 0; nt < NTN; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < KSTEPS; ++ks) {
-                    u32 a[4];
-                    ldmatrix_x4(a, sq + (warp * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
-#pragma unroll
-                    for (int nt = 0; nt < NTN; nt += 2) {
-                        u32 bb[4];  // slots nt*8.. (bb[0..1]) and nt*8+8.. (bb[2..3])
-                        ldmatrix_x4(bb, kv_tile + (nt * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
-                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-                        mma_bf16_16816(acc[nt], a, b0);
-                        mma_bf16_16816(acc[nt + 1], a, b1);
-                    }
-                }
+            // In two halves of NTH n-tiles (32 slots): a half's A accumulators and G fragments
+            // live next to dq's (fewer registers, 3 CTAs per SM); every sum keeps its order.
+            if (warp < MT && tile_live) {
                 const float w0 = sw[warp * 16 + g], w1 = sw[warp * 16 + g + 8];
-                u32 gf[NTN / 2][4];  // G as A fragments of dq (k = slots)
+#pragma unroll 1
+                for (int n0 = 0; n0 < NTN; n0 += NTH) {
+                    float acc[NTH][4];
 #pragma unroll
-                for (int nt = 0; nt < NTN; ++nt) {
-                    float gv[4];
+                    for (int nt = 0; nt < NTH; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll 2
+                    for (int ks = 0; ks < KSTEPS; ++ks) {
+                        u32 a[4];
+                        ldmatrix_x4(a, sq + (warp * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const float gs = g_tile[nt * 8 + 2 * c4 + j];
-                        dw0 += gs * fmaxf(acc[nt][j], 0.0f);
-                        dw1 += gs * fmaxf(acc[nt][2 + j], 0.0f);
-                        gv[j] = acc[nt][j] > 0.0f ? gs * w0 : 0.0f;
-                        gv[2 + j] = acc[nt][2 + j] > 0.0f ? gs * w1 : 0.0f;
+                        for (int nt = 0; nt < NTH; nt += 2) {
+                            u32 bb[4];  // slots (n0+nt)*8.. (bb[0..1]) and 8 more (bb[2..3])
+                            ldmatrix_x4(bb, kv_tile + ((n0 + nt) * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                            const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                            mma_bf16_16816(acc[nt], a, b0);
+                            mma_bf16_16816(acc[nt + 1], a, b1);
+                        }
                     }
-                    const u32 lo = pack_bf16(gv[0], gv[1]), hi = pack_bf16(gv[2], gv[3]);
-                    gf[nt / 2][(nt & 1) * 2 + 0] = lo;  // rows g: a0 (slots 2c) / a2 (slots 8+2c)
-                    gf[nt / 2][(nt & 1) * 2 + 1] = hi;  // rows g+8: a1 / a3
-                    *reinterpret_cast<u32*>(sG + (warp * 16 + g) * LDG + nt * 8 + 2 * c4) = lo;
-                    *reinterpret_cast<u32*>(sG + (warp * 16 + g + 8) * LDG + nt * 8 + 2 * c4) = hi;
-                }
+                    u32 gf[NTH / 2][4];  // G as A fragments of dq (k = slots)
 #pragma unroll
-                for (int ks = 0; ks < NTN / 2; ++ks) {
+                    for (int nt = 0; nt < NTH; ++nt) {
+                        float gv[4];
 #pragma unroll
-                    for (int dn = 0; dn < NDT; dn += 2) {
-                        u32 bb[4];  // kv[slot][d] as B (k = slot, n = d): d tiles dn, dn+1
-                        ldmatrix_x4_trans(bb, kv_tile + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dn * 8 + (lane >> 4) * 8);
-                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-                        mma_bf16_16816(dq_acc[dn], gf[ks], b0);
-                        mma_bf16_16816(dq_acc[dn + 1], gf[ks], b1);
+                        for (int j = 0; j < 2; ++j) {
+                            const float gs = g_tile[(n0 + nt) * 8 + 2 * c4 + j];
+                            dw0 += gs * fmaxf(acc[nt][j], 0.0f);
+                            dw1 += gs * fmaxf(acc[nt][2 + j], 0.0f);
+                            gv[j] = acc[nt][j] > 0.0f ? gs * w0 : 0.0f;
+                            gv[2 + j] = acc[nt][2 + j] > 0.0f ? gs * w1 : 0.0f;
+                        }
+                        const u32 lo = pack_bf16(gv[0], gv[1]), hi = pack_bf16(gv[2], gv[3]);
+                        gf[nt / 2][(nt & 1) * 2 + 0] = lo;  // rows g: a0 (slots 2c) / a2 (slots 8+2c)
+                        gf[nt / 2][(nt & 1) * 2 + 1] = hi;  // rows g+8: a1 / a3
+                        *reinterpret_cast<u32*>(sG + (warp * 16 + g) * LDG + (n0 + nt) * 8 + 2 * c4) = lo;
+                        *reinterpret_cast<u32*>(sG + (warp * 16 + g + 8) * LDG + (n0 + nt) * 8 + 2 * c4) = hi;
+                    }
+#pragma unroll
+                    for (int ks = 0; ks < NTH / 2; ++ks) {
+#pragma unroll
+                        for (int dn = 0; dn < NDT; dn += 2) {
+                            u32 bb[4];  // kv[slot][d] as B (k = slot, n = d): d tiles dn, dn+1
+                            ldmatrix_x4_trans(bb, kv_tile + (n0 * 8 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dn * 8 + (lane >> 4) * 8);
+                            const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                            mma_bf16_16816(dq_acc[dn], gf[ks], b0);
+                            mma_bf16_16816(dq_acc[dn + 1], gf[ks], b1);
+                        }
                     }
                 }
             }
             __syncthreads();  // sG complete (rows [0, HPAD): one 16-row block per warp < MT)
 
-            // ---- 2. dkv rows of this warp's 16 slots: G^T q -----------------------------------
+            // ---- 2. dkv rows of this warp's 16 slots: G^T q, DCHUNK d n-tiles at a time ------
+            // (the accumulators of one chunk live next to dq's: fewer registers, 3 CTAs per SM;
+            // each element's sum over the heads is the same sequence of mma either way).
             const int t0 = warp * 16;
             const int key_lo = key_tile[t0 + g], key_hi = key_tile[t0 + g + 8];
             const bool any = __any_sync(DSV4_FULL_MASK, key_lo >= 0 || key_hi >= 0);
-            float kacc[NDT][4];
+#pragma unroll 1
+            for (int dc = 0; dc < NDT; dc += DCHUNK) {
+                float kacc[DCHUNK][4];
 #pragma unroll
-            for (int i = 0; i < NDT; ++i) kacc[i][0] = kacc[i][1] = kacc[i][2] = kacc[i][3] = 0.0f;
-            if (any) {
+                for (int i = 0; i < DCHUNK; ++i) kacc[i][0] = kacc[i][1] = kacc[i][2] = kacc[i][3] = 0.0f;
+                if (any) {
+#pragma unroll 2
+                    for (int kh = 0; kh < MT; ++kh) {
+                        u32 a[4];  // G^T [slot][head] from sG [head][slot]
+                        ldmatrix_x4_trans(a, sG + (kh * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDG + t0 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-                for (int kh = 0; kh < MT; ++kh) {
-                    u32 a[4];  // G^T [slot][head] from sG [head][slot]
-                    ldmatrix_x4_trans(a, sG + (kh * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDG + t0 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                    for (int dn = 0; dn < NDT; dn += 2) {
-                        u32 bb[4];  // q[h][d] as B (k = head, n = d)
-                        ldmatrix_x4_trans(bb, sq + (kh * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + dn * 8 + (lane >> 4) * 8);
-                        const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
-                        mma_bf16_16816(kacc[dn], a, b0);
-                        mma_bf16_16816(kacc[dn + 1], a, b1);
+                        for (int i = 0; i < DCHUNK; i += 2) {
+                            u32 bb[4];  // q[h][d] as B (k = head, n = d)
+                            ldmatrix_x4_trans(bb, sq + (kh * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (dc + i) * 8 + (lane >> 4) * 8);
+                            const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
+                            mma_bf16_16816(kacc[i], a, b0);
+                            mma_bf16_16816(kacc[i + 1], a, b1);
+                        }
                     }
                 }
-            }
-            if (!det && SWAP4) {
-                // One 16-byte vector atomic per 4 columns: lane pairs (c4, c4^1) swap halves
-                // so that the even lane holds 4 columns of key_lo, the odd one of key_hi.
-                if (any) {
-                    const bool odd = (c4 & 1) != 0;
-                    const int key = odd ? key_hi : key_lo;
+                if (!det && SWAP4) {
+                    // One 16-byte vector atomic per 4 columns: lane pairs (c4, c4^1) swap halves
+                    // so that the even lane holds 4 columns of key_lo, the odd one of key_hi.
+                    if (any) {
+                        const bool odd = (c4 & 1) != 0;
+                        const int key = odd ? key_hi : key_lo;
 #pragma unroll
-                    for (int dn = 0; dn < NDT; ++dn) {  // in place: kacc[dn] = 4 columns of `key`
-                        const float r0 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][0] : kacc[dn][2], 1);
-                        const float r1 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[dn][1] : kacc[dn][3], 1);
-                        kacc[dn][0] = odd ? r0 : kacc[dn][0];
-                        kacc[dn][1] = odd ? r1 : kacc[dn][1];
-                        kacc[dn][2] = odd ? kacc[dn][2] : r0;
-                        kacc[dn][3] = odd ? kacc[dn][3] : r1;
-                    }
-                    if (key >= 0) {
+                        for (int i = 0; i < DCHUNK; ++i) {  // in place: kacc[i] = 4 columns of `key`
+                            const float r0 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[i][0] : kacc[i][2], 1);
+                            const float r1 = __shfl_xor_sync(DSV4_FULL_MASK, odd ? kacc[i][1] : kacc[i][3], 1);
+                            kacc[i][0] = odd ? r0 : kacc[i][0];
+                            kacc[i][1] = odd ? r1 : kacc[i][1];
+                            kacc[i][2] = odd ? kacc[i][2] : r0;
+                            kacc[i][3] = odd ? kacc[i][3] : r1;
+                        }
+                        if (key >= 0) {
 #pragma unroll
-                        for (int dn = 0; dn < NDT; ++dn) {
-                            const int d = dn * 8 + 4 * (c4 >> 1);
-                            if (d < D) {
-                                float* dst = dkv + static_cast<i64>(key) * D + d;
-                                if (v4) {
-                                    add4(dst, make_float4(kacc[dn][0], kacc[dn][1], kacc[dn][2], kacc[dn][3]));
-                                } else {
-                                    add2(dst, kacc[dn][0], kacc[dn][1]);
-                                    add2(dst + 2, kacc[dn][2], kacc[dn][3]);
+                            for (int i = 0; i < DCHUNK; ++i) {
+                                const int d = (dc + i) * 8 + 4 * (c4 >> 1);
+                                if (d < D) {
+                                    float* dst = dkv + static_cast<i64>(key) * D + d;
+                                    if (v4) {
+                                        add4(dst, make_float4(kacc[i][0], kacc[i][1], kacc[i][2], kacc[i][3]));
+                                    } else {
+                                        add2(dst, kacc[i][0], kacc[i][1]);
+                                        add2(dst + 2, kacc[i][2], kacc[i][3]);
+                                    }
                                 }
                             }
                         }
                     }
-                }
-            } else if (!det) {
-                if (any) {
+                } else if (!det) {
+                    if (any) {
 #pragma unroll
-                    for (int dn = 0; dn < NDT; ++dn) {
-                        const int d = dn * 8 + 2 * c4;
-                        if (d < D) {
-                            if (key_lo >= 0) {
-                                float* dst = dkv + static_cast<i64>(key_lo) * D + d;
-                                if (d + 1 < D) add2(dst, kacc[dn][0], kacc[dn][1]);
-                                else atomicAdd(dst, kacc[dn][0]);
-                            }
-                            if (key_hi >= 0) {
-                                float* dst = dkv + static_cast<i64>(key_hi) * D + d;
-                                if (d + 1 < D) add2(dst, kacc[dn][2], kacc[dn][3]);
-                                else atomicAdd(dst, kacc[dn][2]);
+                        for (int i = 0; i < DCHUNK; ++i) {
+                            const int d = (dc + i) * 8 + 2 * c4;
+                            if (d < D) {
+                                if (key_lo >= 0) {
+                                    float* dst = dkv + static_cast<i64>(key_lo) * D + d;
+                                    if (d + 1 < D) add2(dst, kacc[i][0], kacc[i][1]);
+                                    else atomicAdd(dst, kacc[i][0]);
+                                }
+                                if (key_hi >= 0) {
+                                    float* dst = dkv + static_cast<i64>(key_hi) * D + d;
+                                    if (d + 1 < D) add2(dst, kacc[i][2], kacc[i][3]);
+                                    else atomicAdd(dst, kacc[i][2]);
+                                }
                             }
                         }
                     }
-                }
-            } else {
-                // Stage the tile's dkv rows, then add them in a fixed order.
+                } else {
+                    // Stage the tile's dkv rows (added in a fixed order below).
 #pragma unroll
-                for (int dn = 0; dn < NDT; ++dn) {
-                    const int d = dn * 8 + 2 * c4;
-                    *reinterpret_cast<float2*>(sdkv + (t0 + g) * LDF + d) = make_float2(kacc[dn][0], kacc[dn][1]);
-                    *reinterpret_cast<float2*>(sdkv + (t0 + g + 8) * LDF + d) = make_float2(kacc[dn][2], kacc[dn][3]);
+                    for (int i = 0; i < DCHUNK; ++i) {
+                        const int d = (dc + i) * 8 + 2 * c4;
+                        *reinterpret_cast<float2*>(sdkv + (t0 + g) * LDF + d) = make_float2(kacc[i][0], kacc[i][1]);
+                        *reinterpret_cast<float2*>(sdkv + (t0 + g + 8) * LDF + d) = make_float2(kacc[i][2], kacc[i][3]);
+                    }
                 }
+            }
+            if (det && tile_live) {
                 // Does a valid key repeat within the tile? (thread j checks slot j against
                 // the earlier slots.) The barrier also publishes sdkv.
                 bool dup = false;

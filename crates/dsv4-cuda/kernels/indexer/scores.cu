@@ -27,6 +27,7 @@
 // queries per CTA, IDX_BN keys per tile, IDX_NT 8-key n-tiles per warp. The host
 // (`src/indexer.rs`, `ScoresTiles`) chooses them and mirrors the shared-memory size.
 // dsv4-test-defines: IDX_GATHER=1 IDX_BN=128
+// dsv4-test-defines: IDX_GATHER=1 IDX_NT=2
 // dsv4-test-defines: IDX_FUSED=1
 // dsv4-test-defines: IDX_BQ=4
 // dsv4-test-defines: IDX_H=17 IDX_D=40
@@ -96,9 +97,16 @@ static_assert(SMEM_BYTES <= 227 * 1024, "the tile does not fit in shared memory 
 
 }  // namespace
 
-// Gather mode is bound by shared memory to two CTAs per SM: let ptxas use the registers.
+// Gather mode: as many CTAs per SM as shared memory allows (one query each, so more CTAs
+// overlap more queries' index and row fetches), up to 4 and at least 128 registers a thread.
 #if IDX_GATHER
-#define IDX_SCORES_BOUNDS __launch_bounds__(NTHREADS, 1)
+namespace {
+constexpr int GATHER_SMEM_CTAS = (228 * 1024) / (SMEM_BYTES + 1024);  // 1 KB reserved per CTA
+constexpr int GATHER_REG_CTAS = 512 / NTHREADS;                       // 65536 / (128 * NTHREADS)
+constexpr int GATHER_MIN_CTAS_RAW = GATHER_SMEM_CTAS < GATHER_REG_CTAS ? GATHER_SMEM_CTAS : GATHER_REG_CTAS;
+constexpr int GATHER_MIN_CTAS = GATHER_MIN_CTAS_RAW < 1 ? 1 : GATHER_MIN_CTAS_RAW > 4 ? 4 : GATHER_MIN_CTAS_RAW;
+}  // namespace
+#define IDX_SCORES_BOUNDS __launch_bounds__(NTHREADS, GATHER_MIN_CTAS)
 #else
 #define IDX_SCORES_BOUNDS __launch_bounds__(NTHREADS)
 #endif
@@ -117,7 +125,10 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const i64 b = blockIdx.y;
-    const i64 s0 = p.s_begin + static_cast<i64>(blockIdx.x) * BQ;  // first query of this CTA
+    // First query of this CTA. Causal work grows with the query, and CTAs start roughly in
+    // blockIdx order: the last query blocks go first, so that the wave ends on the lightest
+    // CTAs instead of a partial wave of the heaviest (gather: all CTAs alike, no effect).
+    const i64 s0 = p.s_begin + static_cast<i64>(gridDim.x - 1 - blockIdx.x) * BQ;
     const int nq = static_cast<int>(min(static_cast<i64>(BQ), static_cast<i64>(p.s_begin) + p.s_count - s0));
     const float neg_inf = -__int_as_float(0x7f800000);
 
@@ -219,58 +230,68 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
             __syncthreads();
         }
 
-        // B fragments of this warp's keys, all k-steps: kv[key][k] is B^T, i.e. n-major.
-        const bf16* kv_tile = skv + (buf * BN + kg * NT * 8) * LDS;
-        u32 bfrag[KSTEPS][NT][2];
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            if (NT == 1) {
-                ldmatrix_x2(bfrag[ks][0], kv_tile + (lane & 7) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
-            } else {
-#pragma unroll
-                for (int nt = 0; nt + 1 < NT; nt += 2) {  // two n-tiles a load: lanes 16-31 address n-tile nt+1
-                    u32 r[4];
-                    ldmatrix_x4(r, kv_tile + (nt * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
-                    bfrag[ks][nt][0] = r[0];
-                    bfrag[ks][nt][1] = r[1];
-                    bfrag[ks][nt + 1][0] = r[2];
-                    bfrag[ks][nt + 1][1] = r[3];
-                }
-            }
-        }
-
         // part[nt][j] = sum over this lane's heads of w[h] * relu(A[h] . kv[key])
         float part[NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) part[nt][0] = part[nt][1] = 0.0f;
-        const bf16* q_tile = sq + qi * HPAD * LDS;
-#pragma unroll 1
-        for (int mt = 0; mt < MT; ++mt) {
-            float acc[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        // Gather: a warp whose slots in this tile are all masked (past a short selection)
+        // skips its products; part = 0 and the masked slots' -inf are written below.
+        bool live = true;
+        if (GATHER) {
+            bool v = false;
+            for (int j = lane; j < NT * 8; j += 32) v |= sval[buf * BN + kg * NT * 8 + j] >= 0;
+            live = __any_sync(DSV4_FULL_MASK, v);
+        }
+        if (live) {
+            // B fragments of this warp's keys, all k-steps: kv[key][k] is B^T, i.e. n-major.
+            const bf16* kv_tile = skv + (buf * BN + kg * NT * 8) * LDS;
+            u32 bfrag[KSTEPS][NT][2];
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks) {
-                u32 a[4];
-                ldmatrix_x4(a, q_tile + (mt * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+                if (NT == 1) {
+                    ldmatrix_x2(bfrag[ks][0], kv_tile + (lane & 7) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                } else {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[nt], a, bfrag[ks][nt]);  // acc = q_h . kv_key
+                    for (int nt = 0; nt + 1 < NT; nt += 2) {  // two n-tiles a load: lanes 16-31 address n-tile nt+1
+                        u32 r[4];
+                        ldmatrix_x4(r, kv_tile + (nt * 8 + (lane & 7) + ((lane >> 4) & 1) * 8) * LDS + ks * 16 + ((lane >> 3) & 1) * 8);
+                        bfrag[ks][nt][0] = r[0];
+                        bfrag[ks][nt][1] = r[1];
+                        bfrag[ks][nt + 1][0] = r[2];
+                        bfrag[ks][nt + 1][1] = r[3];
+                    }
+                }
             }
-            const float w0 = sw[qi * HPAD + mt * 16 + g];
-            const float w1 = sw[qi * HPAD + mt * 16 + g + 8];
+
+            const bf16* q_tile = sq + qi * HPAD * LDS;
+#pragma unroll 1
+            for (int mt = 0; mt < MT; ++mt) {
+                float acc[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                part[nt][0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][2], 0.0f);
-                part[nt][1] += w0 * fmaxf(acc[nt][1], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
+                for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    u32 a[4];
+                    ldmatrix_x4(a, q_tile + (mt * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_bf16_16816(acc[nt], a, bfrag[ks][nt]);  // acc = q_h . kv_key
+                }
+                const float w0 = sw[qi * HPAD + mt * 16 + g];
+                const float w1 = sw[qi * HPAD + mt * 16 + g + 8];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    part[nt][0] += w0 * fmaxf(acc[nt][0], 0.0f) + w1 * fmaxf(acc[nt][2], 0.0f);
+                    part[nt][1] += w0 * fmaxf(acc[nt][1], 0.0f) + w1 * fmaxf(acc[nt][3], 0.0f);
+                }
             }
+            // Sum over the 8 row groups (lanes with equal lane % 4 hold the same columns).
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int o = 4; o < 32; o <<= 1) part[nt][j] += __shfl_xor_sync(DSV4_FULL_MASK, part[nt][j], o);
         }
-        // Sum over the 8 row groups (lanes with equal lane % 4 hold the same columns).
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) part[nt][j] += __shfl_xor_sync(DSV4_FULL_MASK, part[nt][j], o);
 
         if (lane < 4 && qi < nq) {
             const i64 s = s0 + qi;

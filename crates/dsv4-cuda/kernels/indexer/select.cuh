@@ -11,7 +11,9 @@
 //     key and `need` says how many keys equal to T are taken. Early ends ("take all"):
 //     the row holds at most K finite keys (all of them are taken), or the selected bin
 //     is taken whole (its count equals the remaining rank: exactly K keys are >= the
-//     prefix; with continuous scores this usually ends after the third pass).
+//     prefix; with continuous scores this usually ends after the third pass). A row of at
+//     most K keys (the fused top-k's early queries) skips the passes: all its finite keys
+//     are taken, counted by the gather of step 3.
 //  3. Keys > T (fewer than K) are gathered as (key << 32 | ~index) (one shared atomic per
 //     warp) and bitonic-sorted descending: score descending, index ascending. When the
 //     keys == T fit in the sort buffer too (the usual case: few exact ties), they are
@@ -136,13 +138,18 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     // `take_all`: every key >= `prefix` (and != 0) is taken, exactly K of them or all
     // finite ones: the row had at most K finite keys, or the selected bin is taken whole
     // (its keys all rank within K), which ends the passes early.
+    // A row of at most K keys (block-uniform) takes all its finite keys without a radix
+    // pass: the gather below counts them (what the first pass's total would have said).
+    const bool row_fits = P <= K;
     u32 prefix = 0, mask = 0, remaining = static_cast<u32>(K), in_bin = 0;
-    bool take_all = false;
+    bool take_all = row_fits;
     int n_all = 0;
     __syncthreads();  // the row is written; the previous users of the scratch are done
-    for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
-    __syncthreads();
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    if (!row_fits) {
+        for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
+        __syncthreads();
+    }
+    for (int shift = 24; shift >= 0 && !row_fits; shift -= 8) {
         // hist[] is zero here: cleared above, then by each pass's scan.
         if (shift == 24) {
             // The top byte (sign and high exponent bits) puts most of a row in a few bins:
@@ -181,11 +188,11 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     }
     const u32 thr = prefix;  // take_all: the lowest key taken is >= thr; else T itself
     const int need = take_all ? 0 : static_cast<int>(remaining);
-    const int n_gt = take_all ? n_all : K - need;  // keys > T (or >= thr), all taken
+    int n_gt = take_all ? n_all : K - need;  // keys > T (or >= thr), all taken (row_fits: counted by the gather)
     // Keys == T sorted along (block-uniform) when they fit.
     const bool ties_sorted = !take_all && static_cast<i64>(n_gt) + static_cast<i64>(in_bin) <= static_cast<i64>(sort_cap);
-    const int n_sort = ties_sorted ? n_gt + static_cast<int>(in_bin) : n_gt;
-    const int n_out = ties_sorted ? n_gt + need : n_gt;  // slots filled from the sorted list
+    int n_sort = ties_sorted ? n_gt + static_cast<int>(in_bin) : n_gt;
+    int n_out = ties_sorted ? n_gt + need : n_gt;  // slots filled from the sorted list
 
     // ---- 3. gather keys > T (and == T when they fit) and sort them (score desc, index asc)
     __syncthreads();  // everyone has read misc
@@ -203,15 +210,16 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
             if (take) sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
         }
     }
-    int n2 = 1;
-    while (n2 < n_sort) n2 <<= 1;
+    __syncthreads();  // the gathered entries (and their count) are visible
+    if (row_fits) n_gt = n_sort = n_out = static_cast<int>(sm.misc[2]);  // every finite key (block-uniform)
     // Bitonic sort of n2 entries (entries [n_sort, n2) are 0 and sort last), in blocks of
     // SORT_BLOCK entries, one warp a block: stages of compare distance < SORT_BLOCK run in
     // registers (own entries, then shuffles), the wider ones in shared memory with block
     // barriers. A row of fewer than SORT_BLOCK entries is one block whose missing entries
     // are 0 in registers.
+    int n2 = 1;
+    while (n2 < n_sort) n2 <<= 1;
     const int nblk = n2 < SORT_BLOCK ? 1 : n2 / SORT_BLOCK;
-    __syncthreads();  // the gathered entries are visible
     for (int blk = warp; blk < nblk; blk += NWARPS) {
         const int base = blk * SORT_BLOCK;
         u64 v[SORT_E];

@@ -10,18 +10,20 @@
 // n_hblk of a wave of rows). Per row, Q and dO (HB x D) sit in shared memory, delta
 // is computed from out and dout (the FlashAttention preprocess, fused: one CTA owns the
 // row), and the slots are walked in tiles of SA_BN keys gathered into a double buffer that
-// serves as K and as V. Per tile:
+// serves as K and as V; slot keys are read from the index two tiles ahead into a 3-tile
+// ring. Per tile, two barriers (A: the tile landed and the previous tile's buffers are
+// free, so the next tile's gather starts; B: P and dS written):
 //   S = Q K^T, dP = dO K^T   warp (m, j): heads m*16.., slot blocks j, j+WD, ..; P and dS -> smem (bf16)
 //   dq += dS K               warp (m, j): heads m*16.., columns j*DW ..
-//   dKV = dS^T Q + P^T dO    the BN x D tile in two column halves; each half is staged as f32
-//                            in the consumed K/V buffer, repeated keys of the tile are summed
-//                            into their first slot in slot order (skipped when the tile has
-//                            no repeated key), then each (key, 4 columns) is added once: one
-//                            16-byte f32 vector reduction red.global.add.v4.f32 (sm_90+; four
-//                            atomicAdd on sm_80). Deterministic: no sum here; each valid
-//                            slot's f32 row is stored to contributions [rows of the wave, T,
-//                            n_hblk, D], and bwd_reduce.cu sums them per key in (row, slot,
-//                            head block) order through an inverted index.
+//   dKV = dS^T Q + P^T dO    units of 16 slots x 64 columns spread over the warps, each flushed
+//                            straight from its mma accumulators (a lane-pair swap gives each
+//                            lane 4 consecutive columns of one slot): atomic: one 16-byte f32
+//                            vector reduction red.global.add.v4.f32 per (slot, 4 columns)
+//                            (sm_90+; four atomicAdd on sm_80), a key repeated in the tile gets
+//                            one per slot. Deterministic: each valid slot's f32 row is stored to
+//                            contributions [rows of the wave, T, n_hblk, D], and bwd_reduce.cu
+//                            sums them per key in (row, slot, head block) order through an
+//                            inverted index.
 //
 // dsv4-test-defines: SA_D=64 SA_HB=16 SA_BN=64 SA_DW=64
 // dsv4-test-defines: SA_D=128 SA_HB=64 SA_BN=64 SA_DW=128 SA_NATURAL_EXP=1
@@ -66,10 +68,9 @@ constexpr bool kPairB = kNB % kWD == 0 && kNBW % 2 == 0;
 constexpr int kChunks = kD / 8;
 constexpr int kRowsPass = kThreads / kChunks;              // tile rows gathered per pass of the block
 constexpr int kRPT = (kBN + kRowsPass - 1) / kRowsPass;    // tile rows gathered per thread
-constexpr int kKPT = (kBN + kThreads - 1) / kThreads;      // slot keys recorded per thread
-constexpr int kHalf = kD / 2;            // dKV columns per staged pass
-constexpr int kST = kHalf + 4;           // staged row stride (f32): BN * kST * 4 == BN * QS * 2
-constexpr int kUnitsN = kHalf / 32;      // dKV work unit: 16 slots x 32 columns
+constexpr int kKPT = (kBN + kThreads - 1) / kThreads;      // slot keys loaded per thread
+constexpr int kKR = 3;                   // slot-key ring: tiles j (masking, flush), j + 1 (gather), j + 2 (being loaded)
+constexpr int kUnitsN = kD / 64;         // dKV work unit: 16 slots x 64 columns
 constexpr int kUnits = (kBN / 16) * kUnitsN;
 using L = BwdLayout<kD, kHB, kBN>;
 constexpr int QS = L::QS, PS = L::PS;
@@ -79,8 +80,6 @@ static_assert(kHB % 16 == 0 && kHB >= 16 && kHB <= 64, "SA_HB: 16, 32, 48 or 64"
 static_assert(kBN == 32 || kBN == 64, "SA_BN: 32 or 64");
 static_assert((kDW == 64 || kDW == 128) && kD % kDW == 0, "SA_DW: 64 or 128, dividing SA_D");
 static_assert(kThreads % kChunks == 0, "the gather assigns whole rows per pass");
-static_assert(kBN * kST * 4 == kBN * QS * 2, "a staged dKV half fills exactly one K/V buffer");
-static_assert(kST % 4 == 0 && kHalf % 4 == 0, "staged rows and flushed column groups are 16-byte aligned");
 
 #if SA_NATURAL_EXP
 __device__ __forceinline__ float exp_base(float x) { return expf(x); }
@@ -115,7 +114,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
     float* lse_s = reinterpret_cast<float*>(smem + L::stats_off);  // lse in exp-base units
     float* delta_s = lse_s + kHB;                                    // <dout, out>
     int* key_s = reinterpret_cast<int*>(smem + L::keys_off);
-    int* first_s = reinterpret_cast<int*>(smem + L::first_off);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / kWD, wd = warp % kWD;
@@ -155,35 +153,39 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         bool any_valid = false;  // this thread saw a valid slot of the row
 
-        // Gather tile `tile` into buffer `buf`. Every index load of the tile is issued
-        // before the first cp.async (whose "memory" clobber would otherwise serialise one
-        // load latency per row), so the thread waits for them about once.
-        auto load_tile = [&](int tile, int buf) {
-            const int t0 = tile * kBN;
-            bf16* dst = kv_s + buf * kBN * QS;
-            const int col = (tid % kChunks) * 8;
-            int kc[kRPT], ks[kKPT];
-#pragma unroll
-            for (int i = 0; i < kRPT; ++i) {
-                const int r = tid / kChunks + i * kRowsPass;
-                kc[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false) : -1;
-            }
+        // Slot keys travel through a ring of kKR tiles in shared memory, loaded from the index
+        // two tiles ahead (as in fwd.cu): thread t loads the keys of slots t, t + threads, ..
+        // of tile j + 2 after the first barrier of tile j and stores them at its end, so the
+        // index load's latency hides behind a whole tile and the gather of tile j + 1 reads
+        // its keys from shared memory.
+        auto fetch_keys = [&](int tile, int (&k)[kKPT]) {  // past the row's slots: -1, no load
 #pragma unroll
             for (int i = 0; i < kKPT; ++i) {
                 const int r = tid + i * kThreads;
-                ks[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, t0 + r, false) : -1;
+                k[i] = r < kBN ? slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, tile * kBN + r, false) : -1;
             }
-#pragma unroll
-            for (int i = 0; i < kRPT; ++i) {
-                const int r = tid / kChunks + i * kRowsPass;
-                if (r < kBN) cp_async16(dst + r * QS + col, kc[i] >= 0 ? kv_b + static_cast<i64>(kc[i]) * p.kv_sk + col : p.kv, kc[i] >= 0);
-            }
+        };
+        auto store_keys = [&](int tile, const int (&k)[kKPT]) {
 #pragma unroll
             for (int i = 0; i < kKPT; ++i) {
                 const int r = tid + i * kThreads;
                 if (r < kBN) {
-                    key_s[buf * kBN + r] = ks[i];
-                    any_valid |= ks[i] >= 0;
+                    key_s[(tile % kKR) * kBN + r] = k[i];
+                    any_valid |= k[i] >= 0;
+                }
+            }
+        };
+        // Gather the K/V rows of tile `tile` into buffer `buf`; masked slots become zero rows.
+        auto issue_tile = [&](int tile, int buf) {
+            bf16* dst = kv_s + buf * kBN * QS;
+            const int* keys = key_s + (tile % kKR) * kBN;
+            const int col = (tid % kChunks) * 8;
+#pragma unroll
+            for (int i = 0; i < kRPT; ++i) {
+                const int r = tid / kChunks + i * kRowsPass;
+                if (r < kBN) {
+                    const int key = keys[r];
+                    cp_async16(dst + r * QS + col, key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + col : p.kv, key >= 0);
                 }
             }
         };
@@ -199,7 +201,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                 cp_async16(do_s + r * QS + col, ok ? do_row + (h0 + r) * p.do_sh + col : p.dout, ok);
             }
         }
-        if (n_tiles > 0) load_tile(0, 0);
+        int key_ahead[kKPT], key_next[kKPT];  // keys of tile j + 2 while tile j runs
+        fetch_keys(0, key_next);   // both tiles' index loads before the first store:
+        fetch_keys(1, key_ahead);  // one load latency per row
+        store_keys(0, key_next);
+        store_keys(1, key_ahead);
+        __syncthreads();  // the keys of tiles 0 and 1
+        if (n_tiles > 0) issue_tile(0, 0);
         cp_async_commit();
 
         // delta = <dout, out> and lse per head, one warp per head
@@ -230,12 +238,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
 
         for (int j = 0; j < n_tiles; ++j) {
             const int buf = j & 1;
-            if (j + 1 < n_tiles) load_tile(j + 1, buf ^ 1);
+            cp_async_wait<0>();  // tile j (and at j == 0 Q, dO) landed
+            __syncthreads();     // A: tile j visible; every read of tile j-1 (K/V, keys, P, dS) done
+            if (j + 1 < n_tiles) issue_tile(j + 1, buf ^ 1);  // into tile j-1's buffer
             cp_async_commit();
-            cp_async_wait<1>();  // tile j (and Q, dO) landed
-            __syncthreads();
+            fetch_keys(j + 2, key_ahead);  // stored at the end of this tile
             bf16* kt = kv_s + buf * kBN * QS;
-            const int* keys = key_s + buf * kBN;
+            const int* keys = key_s + (j % kKR) * kBN;
 
             // S = Q K^T, dP = dO K^T; P = exp(S - lse), dS = sm_scale * P (dP - delta)
             {
@@ -292,23 +301,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                     }
                 }
             }
-            // first_s[r]: the first slot of this tile holding r's key (r when unique)
-            bool repeat = false;  // this thread saw a repeated key
-            for (int r = tid; r < kBN; r += kThreads) {
-                const int key = keys[r];
-                int f = r;
-                if (key >= 0) {
-                    for (int r2 = 0; r2 < r; ++r2) {
-                        if (keys[r2] == key) {
-                            f = r2;
-                            break;
-                        }
-                    }
-                }
-                first_s[r] = f;
-                repeat |= f != r;
-            }
-            const bool tile_repeats = __syncthreads_or(repeat);  // uniform: the sum below is skipped by all or none
+            __syncthreads();  // B: P and dS visible
 
             // dq += dS K
 #pragma unroll
@@ -324,91 +317,57 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
                 }
             }
 
-            // dKV = dS^T Q + P^T dO, in two column halves staged through this tile's buffer
-            float* stage = reinterpret_cast<float*>(kt);  // [BN][kST] f32
-            for (int half = 0; half < 2; ++half) {
-                __syncthreads();  // K/V reads of this tile (half 0) are done: the buffer becomes the stage
-                for (int u = warp; u < kUnits; u += kNW) {
-                    const int mt = u / kUnitsN, cl0 = (u % kUnitsN) * 32, col0 = half * kHalf + cl0;
-                    float acc[4][4];
+            // dKV = dS^T Q + P^T dO, unit by unit (16 slots x 64 columns), flushed from the
+            // accumulators: lanes c4 and c4^1 swap halves so that each lane holds 4
+            // consecutive columns of one slot row (even c4: row g, odd c4: row g+8).
+            const int t0 = j * kBN;
+            const bool odd = c4 & 1;
+            for (int u = warp; u < kUnits; u += kNW) {
+                const int mt = u / kUnitsN, col0 = (u % kUnitsN) * 64;
+                float acc[8][4];
 #pragma unroll
-                    for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+                for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-                    for (int kk = 0; kk < kHB; kk += 16) {
-                        // A = dS^T, P^T (slots x heads) from the head-major tiles, transposed
-                        u32 ads[4], ap[4];
-                        const int a_off = (kk + (lane & 7) + (lane >> 4) * 8) * PS + mt * 16 + ((lane >> 3) & 1) * 8;
-                        ldsm_x4_t(ads, ds_s + a_off);
-                        ldsm_x4_t(ap, p_s + a_off);
+                for (int kk = 0; kk < kHB; kk += 16) {
+                    // A = dS^T, P^T (slots x heads) from the head-major tiles, transposed
+                    u32 ads[4], ap[4];
+                    const int a_off = (kk + (lane & 7) + (lane >> 4) * 8) * PS + mt * 16 + ((lane >> 3) & 1) * 8;
+                    ldsm_x4_t(ads, ds_s + a_off);
+                    ldsm_x4_t(ap, p_s + a_off);
 #pragma unroll
-                        for (int n = 0; n < 4; n += 2) {
-                            // B = Q, dO (heads x columns)
-                            u32 bq[4], bo[4];
-                            const int b_off = (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * QS + col0 + n * 8 + (lane >> 4) * 8;
-                            ldsm_x4_t(bq, q_s + b_off);
-                            ldsm_x4_t(bo, do_s + b_off);
-                            mma_bf16(acc[n], ads, bq[0], bq[1]);
-                            mma_bf16(acc[n + 1], ads, bq[2], bq[3]);
-                            mma_bf16(acc[n], ap, bo[0], bo[1]);
-                            mma_bf16(acc[n + 1], ap, bo[2], bo[3]);
-                        }
-                    }
-                    const int rr = mt * 16 + g;
-#pragma unroll
-                    for (int n = 0; n < 4; ++n) {
-                        const int cc = cl0 + n * 8 + 2 * c4;
-                        *reinterpret_cast<float2*>(stage + rr * kST + cc) = make_float2(acc[n][0], acc[n][1]);
-                        *reinterpret_cast<float2*>(stage + (rr + 8) * kST + cc) = make_float2(acc[n][2], acc[n][3]);
+                    for (int n = 0; n < 8; n += 2) {
+                        // B = Q, dO (heads x columns)
+                        u32 bq[4], bo[4];
+                        const int b_off = (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * QS + col0 + n * 8 + (lane >> 4) * 8;
+                        ldsm_x4_t(bq, q_s + b_off);
+                        ldsm_x4_t(bo, do_s + b_off);
+                        mma_bf16(acc[n], ads, bq[0], bq[1]);
+                        mma_bf16(acc[n + 1], ads, bq[2], bq[3]);
+                        mma_bf16(acc[n], ap, bo[0], bo[1]);
+                        mma_bf16(acc[n + 1], ap, bo[2], bo[3]);
                     }
                 }
-                __syncthreads();
-                // Repeated keys (atomic): summed into their first slot, in slot order. The
-                // deterministic mode stores every slot's own contribution.
-                if (tile_repeats && !p.deterministic) {
-                    for (int cc = tid; cc < kHalf; cc += kThreads) {
-                        for (int r = 1; r < kBN; ++r) {
-                            const int f = first_s[r];
-                            if (f != r) stage[f * kST + cc] += stage[r * kST + cc];
-                        }
-                    }
-                    __syncthreads();
-                }
-                // Atomic: each (key, 4 columns) once, one 16-byte vector reduction (distinct
-                // addresses, so any thread may take any). Deterministic: each (slot, 4 columns)
+                // Atomic: one 16-byte vector reduction per (slot, 4 columns); a key repeated
+                // in the tile simply gets one per slot. Deterministic: each valid slot's row
                 // stored to the row's contributions, summed per key later in a fixed order.
-                float* dst = dkv_t + half * kHalf;
-                const int t0 = j * kBN;
-                constexpr int kVec = kHalf / 4;  // float4s per staged row
-                constexpr int kFlushUnroll = 2;
-                for (int e0 = tid; e0 < kBN * kVec; e0 += kThreads * kFlushUnroll) {
-                    float* ptr[kFlushUnroll];
-                    float4 val[kFlushUnroll];
+                const int r = mt * 16 + g + (odd ? 8 : 0);
+                const int key = keys[r];
+                float* dst = dkv_t + (p.deterministic ? (static_cast<i64>(t0 + r) * n_hblk + hb) * kD : static_cast<i64>(max(key, 0)) * kD);
 #pragma unroll
-                    for (int u = 0; u < kFlushUnroll; ++u) {
-                        const int e = e0 + u * kThreads;
-                        ptr[u] = nullptr;
-                        val[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        if (e < kBN * kVec) {
-                            const int r = e / kVec, cc = (e % kVec) * 4;
-                            const int key = keys[r];
-                            if (key >= 0 && (p.deterministic || first_s[r] == r)) {
-                                ptr[u] = dst + (p.deterministic ? (static_cast<i64>(t0 + r) * n_hblk + hb) * kD : static_cast<i64>(key) * kD) + cc;
-                                val[u] = *reinterpret_cast<const float4*>(stage + r * kST + cc);
-                            }
-                        }
-                    }
-                    if (p.deterministic) {
-#pragma unroll
-                        for (int u = 0; u < kFlushUnroll; ++u)
-                            if (ptr[u]) *reinterpret_cast<float4*>(ptr[u]) = val[u];
-                    } else {
-#pragma unroll
-                        for (int u = 0; u < kFlushUnroll; ++u)
-                            if (ptr[u]) red_add_f32x4(ptr[u], val[u]);
+                for (int n = 0; n < 8; ++n) {
+                    const float s0 = odd ? acc[n][0] : acc[n][2], s1 = odd ? acc[n][1] : acc[n][3];
+                    const float x0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 1), x1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 1);
+                    const float4 v = odd ? make_float4(x0, x1, acc[n][2], acc[n][3]) : make_float4(acc[n][0], acc[n][1], x0, x1);
+                    float* ptr = dst + col0 + n * 8 + (c4 & 2) * 2;
+                    if (key >= 0) {
+                        if (p.deterministic)
+                            *reinterpret_cast<float4*>(ptr) = v;
+                        else
+                            red_add_f32x4(ptr, v);
                     }
                 }
-                __syncthreads();  // the stage is free (next half / next tile's prefetch)
             }
+            store_keys(j + 2, key_ahead);  // into the ring slot of tile j - 1 (read before this tile's first barrier)
         }
         cp_async_wait<0>();  // the Q/dO group when the row has no tile
         const bool row_nonempty = __syncthreads_or(any_valid) || p.all_rows_nonempty;

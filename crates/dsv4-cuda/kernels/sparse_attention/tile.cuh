@@ -102,13 +102,12 @@ template <int D, int HB, int BN> struct BwdLayout {
     static constexpr int PS = BN + 8;  // P and dS rows (bf16)
     static constexpr int q_off = 0;                           // Q      [HB][QS] bf16
     static constexpr int do_off = q_off + HB * QS * 2;        // dO     [HB][QS] bf16
-    static constexpr int kv_off = do_off + HB * QS * 2;       // K/V    [2][BN][QS] bf16; a consumed buffer stages dkv as [BN][D/2+4] f32
+    static constexpr int kv_off = do_off + HB * QS * 2;       // K/V    [2][BN][QS] bf16
     static constexpr int p_off = kv_off + 2 * BN * QS * 2;    // P      [HB][PS] bf16
     static constexpr int ds_off = p_off + HB * PS * 2;        // dS     [HB][PS] bf16 (sm_scale * dl)
     static constexpr int stats_off = ds_off + HB * PS * 2;    // lse (exp base), delta [2][HB] f32
-    static constexpr int keys_off = stats_off + 2 * HB * 4;   // keys   [2][BN] i32
-    static constexpr int first_off = keys_off + 2 * BN * 4;   // first slot of each key in the tile [BN] i32
-    static constexpr int bytes = first_off + BN * 4;
+    static constexpr int keys_off = stats_off + 2 * HB * 4;   // keys   [3][BN] i32 (ring: tiles j, j+1, j+2)
+    static constexpr int bytes = keys_off + 3 * BN * 4;
 };
 
 }  // namespace sa
