@@ -345,3 +345,37 @@ fn run_build(c: &Case, tg: &Target) -> Result<Vec<Judgement>> {
     let got = si::build_sparse_topk_indices(tg.backend, &a)?;
     Ok(vec![j(c, "indices", &got, c.t("expected")?, Tolerance::Exact)?])
 }
+
+/// Run every case of every file in `files` through `target`; prints
+/// `golden<tag>: <file>: <N> cases passed` per file (with `DSV4_VERBOSE` set, every
+/// judgement too) and returns one line per failure — a failed judgement, or a case that
+/// could not run (an unavailable backend included: nothing passes by falling back).
+pub fn run_files(files: &[PathBuf], target: &Target, tag: &str) -> Result<Vec<String>> {
+    if files.is_empty() {
+        return Err(Error::Data("no golden files found: expected ../shared/golden/*.safetensors beside the repository, or DSV4_GOLDEN_DIR".into()));
+    }
+    let verbose = std::env::var_os("DSV4_VERBOSE").is_some();
+    let mut failures = Vec::new();
+    for file in files {
+        let cases = load(file)?;
+        if cases.is_empty() {
+            return Err(Error::Data(format!("golden {}: no cases", file.display())));
+        }
+        let mut passed = 0;
+        for case in &cases {
+            match run_case(case, target) {
+                Ok(js) => {
+                    if verbose {
+                        js.iter().for_each(|j| println!("  {j}"));
+                    }
+                    let before = failures.len();
+                    failures.extend(js.iter().filter(|j| !j.pass).map(|j| format!("{}: {j}", file.display())));
+                    passed += usize::from(failures.len() == before);
+                }
+                Err(e) => failures.push(format!("{}: {}.{}: {e}", file.display(), case.op, case.id)),
+            }
+        }
+        println!("golden{tag}: {}: {passed} cases passed", file.file_name().unwrap_or_default().to_string_lossy());
+    }
+    Ok(failures)
+}

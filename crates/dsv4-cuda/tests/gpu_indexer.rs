@@ -5,60 +5,23 @@
 //!
 //! Run with `scripts/gpu-test.sh` (they are ignored without a GPU).
 
-use dsv4_core::backend::{cuda_backend, reference_backend, KernelBackend};
+mod common;
+
+use dsv4_core::backend::{reference_backend, KernelBackend};
 use dsv4_core::compare::{judge, Tolerance};
 use dsv4_core::ops::indexer::{IndexerArgs, IndexerTopkScoresBwdArgs};
-use dsv4_core::{DType, Device, Tensor, TensorView};
+use dsv4_core::{DType, Tensor, TensorView};
+use common::*;
 
-const DEV: Device = Device::Cuda(0);
-
-fn cuda() -> &'static dyn KernelBackend {
-    dsv4_cuda::register();
-    cuda_backend().unwrap_or_else(|e| panic!("no CUDA backend: {e}"))
-}
 
 fn reference() -> &'static dyn KernelBackend {
     reference_backend()
-}
-
-/// splitmix64: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    /// Roughly normal (sum of three uniforms), rounded to bf16.
-    fn bf16_normal(&mut self) -> f32 {
-        half::bf16::from_f32(self.uniform() + self.uniform() + self.uniform()).to_f32()
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// Fill a device tensor's bytes with `byte` (0xFF: NaN for f32; 0x7F: a huge i32).
-fn poison(t: &Tensor, byte: u8) {
-    let bytes = t.numel() * t.dtype().size();
-    dsv4_cuda::gpu(0).unwrap().fill(t.view().address(), byte, bytes).unwrap();
 }
 
 fn alloc(dtype: DType, shape: &[usize]) -> Tensor {
     let t = cuda().alloc(dtype, shape, DEV).unwrap();
     poison(&t, if dtype == DType::I32 || dtype == DType::I64 { 0x7F } else { 0xFF });
     t
-}
-
-fn up(t: &Tensor) -> Tensor {
-    cuda().upload(&t.view(), DEV).unwrap()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +56,7 @@ impl Inputs {
         // Weights in [-0.2, 1): both signs, but a row's few visible scores (a query that
         // sees one key) rarely cancel to a tiny fraction of their terms, which would make
         // "1e-5 of the row scale" a test of summation order rather than of the kernel.
-        let w: Vec<f32> = (0..c.b * c.s * c.h).map(|_| 0.4 + 0.6 * rng.uniform()).collect();
+        let w: Vec<f32> = (0..c.b * c.s * c.h).map(|_| 0.4 + 0.6 * rng.sym()).collect();
         let qt = Tensor::from_f32(&[c.b, c.s, c.h, c.d], q.clone()).unwrap();
         let kvt = Tensor::from_f32(&[c.b, c.p, c.d], kv.clone()).unwrap();
         let wt = Tensor::from_f32(&[c.b, c.s, c.h], w).unwrap();
@@ -258,7 +221,7 @@ fn crafted_scores(rows: usize, p: usize, seed: u64) -> Vec<f32> {
         for _ in 0..p {
             let u = rng.below(100);
             let x = match kind {
-                0 => rng.uniform() * 10.0,                            // distinct values
+                0 => rng.sym() * 10.0,                            // distinct values
                 1 => (rng.below(7) as f32 - 3.0) * 0.5,               // heavy ties
                 2 if u < 70 => f32::NEG_INFINITY,                     // few finite
                 3 => f32::NEG_INFINITY,                               // nothing finite
@@ -267,7 +230,7 @@ fn crafted_scores(rows: usize, p: usize, seed: u64) -> Vec<f32> {
                 _ if u < 14 => f32::NEG_INFINITY,
                 _ if u < 20 => 0.0,
                 _ if u < 26 => -0.0,
-                _ => rng.uniform(),
+                _ => rng.sym(),
             };
             v.push(x);
         }
@@ -422,7 +385,7 @@ fn backward_case(c: Case, t: usize, seed: u64) {
 fn backward_of_selection(inp: &Inputs, sel: &Tensor, seed: u64) {
     let (c, t) = (inp.c, sel.shape()[2]);
     let mut rng = Rng(seed + 2);
-    let grad = Tensor::from_f32(&[c.b, c.s, t], (0..c.b * c.s * t).map(|i| if i % 7 == 3 { 0.0 } else { rng.uniform() }).collect()).unwrap();
+    let grad = Tensor::from_f32(&[c.b, c.s, t], (0..c.b * c.s * t).map(|i| if i % 7 == 3 { 0.0 } else { rng.sym() }).collect()).unwrap();
     let (sel_d, grad_d) = (up(sel), up(&grad));
     let name = format!("backward {c:?} T={t}");
     let atomic = gpu_backward(inp, &sel_d, &grad_d, false);

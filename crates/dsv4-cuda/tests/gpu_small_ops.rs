@@ -6,64 +6,15 @@
 //!
 //! Run with `scripts/gpu-test.sh` (they are ignored without a GPU).
 
-use dsv4_core::backend::{cuda_backend, KernelBackend};
+mod common;
+
 use dsv4_core::compare::{judge, Judgement, Tolerance};
 use dsv4_core::ops::qnorm_rope::{qnorm_rope, qnorm_rope_backward, qnorm_rope_backward_into, qnorm_rope_into, token_major_strides, QNormRopeArgs};
 use dsv4_core::ops::sinkhorn::reference as sinkhorn_ref;
 use dsv4_core::ops::sinkhorn::{sinkhorn_normalize, sinkhorn_normalize_backward, sinkhorn_normalize_backward_into, sinkhorn_normalize_into, SinkhornArgs};
 use dsv4_core::ops::sparse_indices::{build_sparse_topk_indices, build_sparse_topk_indices_into, BuildIndicesArgs};
 use dsv4_core::{BackendName, DType, Device, Tensor, TensorView};
-
-const DEV: Device = Device::Cuda(0);
-
-fn cuda() -> &'static dyn KernelBackend {
-    dsv4_cuda::register();
-    cuda_backend().unwrap_or_else(|e| panic!("no CUDA backend: {e}"))
-}
-
-/// splitmix64: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    /// Roughly normal (sum of three uniforms).
-    fn normal(&mut self) -> f32 {
-        self.uniform() + self.uniform() + self.uniform()
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * scale).collect()
-    }
-}
-
-/// Fill a device tensor's bytes with `byte`.
-fn poison(t: &Tensor, byte: u8) {
-    let bytes = t.view().span_elems() * t.dtype().size();
-    dsv4_cuda::gpu(0).unwrap().fill(t.view().address(), byte, bytes).unwrap();
-}
-
-/// A device tensor poisoned with NaN (floats) or 0x7F7F7F7F (ints).
-fn poisoned(dtype: DType, shape: &[usize]) -> Tensor {
-    let t = cuda().alloc(dtype, shape, DEV).unwrap();
-    poison(&t, if dtype.is_int() { 0x7F } else { 0xFF });
-    t
-}
-
-fn up(t: &Tensor) -> Tensor {
-    cuda().upload(&t.view(), DEV).unwrap()
-}
+use common::*;
 
 /// A device copy of `t` (logical shape `t.shape()`) stored with its dims permuted: storage
 /// order `perm` (a permutation of the dims), read back through strides.
@@ -108,21 +59,6 @@ fn up_padded(t: &Tensor, pad: usize) -> Tensor {
     let dev = up(&h);
     let strides = dev.strides().to_vec();
     dev.with_layout(&shape, &strides)
-}
-
-fn check(js: Vec<Judgement>) {
-    let mut bad = Vec::new();
-    for j in &js {
-        println!("  {j}");
-        if !j.pass {
-            bad.push(j.to_string());
-        }
-    }
-    assert!(bad.is_empty(), "failures:\n{}", bad.join("\n"));
-}
-
-fn jt(name: &str, got: &Tensor, want: &Tensor, tol: Tolerance) -> Judgement {
-    judge(name, &got.to_f64_vec().unwrap(), &want.to_f64_vec().unwrap(), tol)
 }
 
 // ------------------------------------------------------------------------------------
@@ -176,8 +112,8 @@ fn store_tag(how: Store) -> &'static str {
 fn sinkhorn_case_stored(rng: &mut Rng, shape: &[usize], repeat: usize, eps: f32, xs: Store, gs: Store) -> Vec<Judgement> {
     let n = *shape.last().unwrap();
     let numel: usize = shape.iter().product();
-    let xh = Tensor::from_f32(shape, rng.vec(numel, 2.0)).unwrap();
-    let gh = Tensor::from_f32(shape, rng.vec(numel, 1.0)).unwrap();
+    let xh = Tensor::from_f32(shape, rng.normals(numel, 2.0)).unwrap();
+    let gh = Tensor::from_f32(shape, rng.normals(numel, 1.0)).unwrap();
     let (xd, xv) = up_stored(&xh, xs);
     let (gd, gv) = up_stored(&gh, gs);
     let xview = xv.unwrap_or_else(|| xd.view());
@@ -268,9 +204,9 @@ enum XLayout {
 #[allow(clippy::too_many_arguments)]
 fn qnorm_case(rng: &mut Rng, [b, h, s, c]: [usize; 4], r: usize, x_dtype: DType, layout: XLayout, g_dtype: DType, g_token_major: bool) -> Vec<Judgement> {
     let numel = b * h * s * c;
-    let x_vals = rng.vec(numel, 1.5);
+    let x_vals = rng.normals(numel, 1.5);
     let xh = if x_dtype == DType::BF16 { Tensor::from_f32_as_bf16(&[b, h, s, c], &x_vals).unwrap() } else { Tensor::from_f32(&[b, h, s, c], x_vals).unwrap() };
-    let g_vals = rng.vec(numel, 1.0);
+    let g_vals = rng.normals(numel, 1.0);
     let gh = if g_dtype == DType::BF16 { Tensor::from_f32_as_bf16(&[b, h, s, c], &g_vals).unwrap() } else { Tensor::from_f32(&[b, h, s, c], g_vals).unwrap() };
     // cos/sin of real angles (the first R/2 entries are the pair frequencies).
     let mut cos = vec![0f32; b * s * r];
@@ -416,7 +352,7 @@ fn random_build_case(rng: &mut Rng, small: bool) -> BuildCase {
     let mut c = BuildCase { b, s, k, w, ratio, pooled, vanilla, max_image: 0, mask: None, ct: None, qp: None, vt: None };
     if rng.below(2) == 0 {
         let km = k + rng.below(4) as usize;
-        let vals: Vec<f32> = (0..b * s * km).map(|_| if rng.below(4) == 0 { -1e30 } else { rng.uniform().abs() }).collect();
+        let vals: Vec<f32> = (0..b * s * km).map(|_| if rng.below(4) == 0 { -1e30 } else { rng.sym().abs() }).collect();
         c.mask = Some(if rng.below(2) == 0 { Tensor::from_f32_as_bf16(&[b, 1, s, km], &vals).unwrap() } else { Tensor::from_f32(&[b, 1, s, km], vals).unwrap() });
     }
     if pooled > 0 && rng.below(2) == 0 {
@@ -502,7 +438,7 @@ fn small_rerun_is_bitwise_equal() {
     // The kernels have no reductions across threads whose order could vary: a rerun must be
     // bitwise equal.
     let mut rng = Rng(7);
-    let xh = Tensor::from_f32(&[1000, 4, 4], rng.vec(16_000, 2.0)).unwrap();
+    let xh = Tensor::from_f32(&[1000, 4, 4], rng.normals(16_000, 2.0)).unwrap();
     let xd = up(&xh);
     let a = SinkhornArgs { x: xd.view(), repeat: 20, eps: 1e-6 };
     let y1 = sinkhorn_normalize(BackendName::Cuda, &a).unwrap().to_f32_vec().unwrap();

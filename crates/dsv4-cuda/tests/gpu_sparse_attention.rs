@@ -6,43 +6,15 @@
 //!
 //! Run with `scripts/gpu-test.sh` (they are ignored without a GPU).
 
-use dsv4_core::backend::{cuda_backend, KernelBackend};
-use dsv4_core::compare::{judge, Judgement, Tolerance};
+mod common;
+
+use dsv4_core::compare::{Judgement, Tolerance};
 use dsv4_core::ops::sparse_attention::{
     dense_attention_topk, sparse_attention, sparse_attention_backward, sparse_attention_backward_into, sparse_attention_into, BackwardImpl, SparseAttentionArgs, SparseAttentionBwdArgs, SparseIndices,
 };
 use dsv4_core::ops::sparse_indices::{build_sparse_topk_indices, plan_sparse_indices, BuildIndicesArgs};
-use dsv4_core::{BackendName, DType, Device, Error, Tensor};
-
-const DEV: Device = Device::Cuda(0);
-
-fn cuda() -> &'static dyn KernelBackend {
-    dsv4_cuda::register();
-    cuda_backend().unwrap_or_else(|e| panic!("no CUDA backend: {e}"))
-}
-
-/// splitmix64: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    /// Roughly normal, unit variance (sum of three uniforms).
-    fn normal(&mut self) -> f32 {
-        self.uniform() + self.uniform() + self.uniform()
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+use dsv4_core::{BackendName, DType, Error, Tensor};
+use common::*;
 
 /// A bf16 device tensor and the f32 host tensor of the same values.
 struct Pair {
@@ -54,32 +26,6 @@ fn bf16_pair(shape: &[usize], vals: &[f32]) -> Pair {
     let hb = Tensor::from_f32_as_bf16(shape, vals).unwrap();
     let host = Tensor::from_f32(shape, hb.to_f32_vec().unwrap()).unwrap();
     Pair { dev: up(&hb), host }
-}
-
-fn up(t: &Tensor) -> Tensor {
-    cuda().upload(&t.view(), DEV).unwrap()
-}
-
-fn poisoned(dtype: DType, shape: &[usize]) -> Tensor {
-    let t = cuda().alloc(dtype, shape, DEV).unwrap();
-    let bytes = t.view().span_elems() * dtype.size();
-    dsv4_cuda::gpu(0).unwrap().fill(t.view().address(), 0xFF, bytes).unwrap();
-    t
-}
-
-fn check(js: Vec<Judgement>) {
-    let mut bad = Vec::new();
-    for j in &js {
-        println!("  {j}");
-        if !j.pass {
-            bad.push(j.to_string());
-        }
-    }
-    assert!(bad.is_empty(), "failures:\n{}", bad.join("\n"));
-}
-
-fn jt(name: &str, got: &Tensor, want: &Tensor, tol: Tolerance) -> Judgement {
-    judge(name, &got.to_f64_vec().unwrap(), &want.to_f64_vec().unwrap(), tol)
 }
 
 /// lse is f32 from f32 sums: tight, relative to the whole tensor.
@@ -158,8 +104,8 @@ fn random_indices(rng: &mut Rng, c: &Case) -> Vec<i64> {
 fn make_inputs(rng: &mut Rng, c: &Case) -> Inputs {
     let qn = c.b * c.s * c.h * c.d;
     let kvn = c.b * c.k * c.d;
-    let mut qv: Vec<f32> = (0..qn).map(|_| rng.normal()).collect();
-    let mut kvv: Vec<f32> = (0..kvn).map(|_| rng.normal()).collect();
+    let mut qv: Vec<f32> = (0..qn).map(|_| rng.normal3()).collect();
+    let mut kvv: Vec<f32> = (0..kvn).map(|_| rng.normal3()).collect();
     if c.big_logits {
         let big = 1e4 * (c.d as f32).sqrt() / 8.0;
         for (i, row) in qv.chunks_mut(c.d).enumerate() {
@@ -167,8 +113,8 @@ fn make_inputs(rng: &mut Rng, c: &Case) -> Inputs {
         }
         kvv.chunks_mut(c.d).for_each(|row| row[0] = 8.0);
     }
-    let dov: Vec<f32> = (0..qn).map(|_| rng.normal()).collect();
-    let sinks = Tensor::from_f32(&[c.h], (0..c.h).map(|_| rng.uniform() * c.sink_scale).collect()).unwrap();
+    let dov: Vec<f32> = (0..qn).map(|_| rng.normal3()).collect();
+    let sinks = Tensor::from_f32(&[c.h], (0..c.h).map(|_| rng.sym() * c.sink_scale).collect()).unwrap();
     let iv = random_indices(rng, c);
     let idx = if c.idx_i64 { Tensor::from_i64(&[c.b, c.s, c.t], iv).unwrap() } else { Tensor::from_i32(&[c.b, c.s, c.t], iv.into_iter().map(|x| x as i32).collect()).unwrap() };
     Inputs {
@@ -548,10 +494,10 @@ fn deepseek_v4_shape_b2_s1024_h64_d512_t640() {
     assert_eq!(idx.shape(), &[b, s, window + tc]);
     let t = window + tc;
     let c = Case { b, s, h, d, k, t, big_logits: false, sink_scale: 2.0, idx_i64: false, empty_rows: false, noise: 0 };
-    let qv: Vec<f32> = (0..b * s * h * d).map(|_| rng.normal()).collect();
-    let kvv: Vec<f32> = (0..b * k * d).map(|_| rng.normal()).collect();
-    let dov: Vec<f32> = (0..b * s * h * d).map(|_| rng.normal()).collect();
-    let sinks = Tensor::from_f32(&[h], (0..h).map(|_| rng.uniform() * 2.0).collect()).unwrap();
+    let qv: Vec<f32> = (0..b * s * h * d).map(|_| rng.normal3()).collect();
+    let kvv: Vec<f32> = (0..b * k * d).map(|_| rng.normal3()).collect();
+    let dov: Vec<f32> = (0..b * s * h * d).map(|_| rng.normal3()).collect();
+    let sinks = Tensor::from_f32(&[h], (0..h).map(|_| rng.sym() * 2.0).collect()).unwrap();
     let x = Inputs {
         q: bf16_pair(&[b, s, h, d], &qv),
         kv: bf16_pair(&[b, k, d], &kvv),
