@@ -167,13 +167,23 @@ fn visible_pairs(s: usize, p: usize, r: usize) -> f64 {
     (0..s).map(|i| ((i + 1) / r).min(p) as f64).sum()
 }
 
+/// The DSV4 indexer's inputs on the GPU: q `[1,S,64,128]`, pooled_kv `[1,S/4,128]`,
+/// weights `[1,S,64]`.
+fn indexer_inputs(rng: &mut Rng, s: usize) -> Result<[Tensor; 3]> {
+    let (b, h, d, p) = (1, 64, 128, s / 4);
+    let st = Staged { device: DEV };
+    Ok([
+        st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?,
+        st.put(&rng.vec_bf16(b * p * d, -1.7, 1.7), &[b, p, d], DType::BF16)?,
+        st.put(&rng.vec(b * s * h, -1.0f32, 1.0), &[b, s, h], DType::F32)?,
+    ])
+}
+
 fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     let (b, h, d, r, k) = (1, 64, 128, 4, 512);
     let p = s / r;
     let st = Staged { device: DEV };
-    let q = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
-    let kv = st.put(&rng.vec_bf16(b * p * d, -1.7, 1.7), &[b, p, d], DType::BF16)?;
-    let w = st.put(&rng.vec(b * s * h, -1.0f32, 1.0), &[b, s, h], DType::F32)?;
+    let [q, kv, w] = indexer_inputs(rng, s)?;
     let a = IndexerArgs::new(q.view(), kv.view(), w.view(), (d as f32).powf(-0.5), r);
     let shape = format!("B={b} S={s} H={h} D={d} P={p} k={k}");
     let flops = 2.0 * (h * d) as f64 * visible_pairs(s, p, r) * b as f64;
@@ -199,10 +209,7 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
 fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
     let (b, s, h, d, r, k) = (1, 65536, 64, 128, 4, 512);
     let p = s / r;
-    let st = Staged { device: DEV };
-    let q = st.put(&rng.vec_bf16(b * s * h * d, -1.7, 1.7), &[b, s, h, d], DType::BF16)?;
-    let kv = st.put(&rng.vec_bf16(b * p * d, -1.7, 1.7), &[b, p, d], DType::BF16)?;
-    let w = st.put(&rng.vec(b * s * h, -1.0f32, 1.0), &[b, s, h], DType::F32)?;
+    let [q, kv, w] = indexer_inputs(rng, s)?;
     let a = IndexerArgs::new(q.view(), kv.view(), w.view(), (d as f32).powf(-0.5), r);
     bn.gpu.synchronize()?;
     let before = bn.gpu.pool_used_bytes()?;
