@@ -597,21 +597,25 @@ pub fn topk(gpu: &Gpu, scores: &TensorView, k: usize, idx: &mut TensorViewMut, v
     launch_topk(gpu, OP, scores.address(), [st[0], st[1], st[2]], b, s, p, kk, idx.as_view().address(), vals.as_view().address(), ((s * kk) as i64, kk as i64))
 }
 
+/// Checks shared by the two selection paths; `None` when there is nothing to select.
+/// Returns the shape and `min(k, P)`.
+fn selection_shape(op: &'static str, a: &IndexerArgs, k: usize, idx: &TensorViewMut, vals: &TensorViewMut) -> Result<Option<(Shape, usize)>> {
+    check_bf16(op, a)?;
+    check_contiguous(op, "indices", idx)?;
+    check_contiguous(op, "values", vals)?;
+    let sh = shape_of(op, a)?;
+    let kk = k.min(sh.p as usize);
+    Ok((sh.b as usize * sh.s as usize * kk != 0).then_some((sh, kk)))
+}
+
 /// Scores + top-k without materialising `[B,S,P]`. Fused when a CTA's rows of scores and
 /// its sort buffer fit in [`FUSED_SMEM_BYTES`] of shared memory: one launch, the scores
 /// never leave the chip. Otherwise [`chunked_topk`] with a scratch of at most
 /// [`FUSED_SCRATCH_BYTES`].
 pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut) -> Result<()> {
     const OP: &str = "lightning_indexer";
-    check_bf16(OP, a)?;
-    check_contiguous(OP, "indices", idx)?;
-    check_contiguous(OP, "values", vals)?;
-    let sh = shape_of(OP, a)?;
-    let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
-    let kk = k.min(p);
-    if b * s * kk == 0 {
-        return Ok(());
-    }
+    let Some((sh, kk)) = selection_shape(OP, a, k, idx, vals)? else { return Ok(()) };
+    let (s, p) = (sh.s as usize, sh.p as usize);
     let mut inp = scores_inputs(gpu, OP, a, false)?;
     // Two queries per CTA (not the dense four): their rows of P scores stay in shared
     // memory, two CTAs per SM up to P ~ 4K at H = 64, D = 128.
@@ -631,15 +635,8 @@ pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut,
 /// `fused_topk` for rows too long for shared memory; public for tests and benchmarks.
 pub fn chunked_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize) -> Result<()> {
     const OP: &str = "lightning_indexer";
-    check_bf16(OP, a)?;
-    check_contiguous(OP, "indices", idx)?;
-    check_contiguous(OP, "values", vals)?;
-    let sh = shape_of(OP, a)?;
+    let Some((sh, kk)) = selection_shape(OP, a, k, idx, vals)? else { return Ok(()) };
     let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
-    let kk = k.min(p);
-    if b * s * kk == 0 {
-        return Ok(());
-    }
     topk_config(gpu, OP, p, kk)?; // refuse before writing anything
     let inp = scores_inputs(gpu, OP, a, false)?;
     let (idx_base, val_base) = (idx.as_view().address(), vals.as_view().address());

@@ -7,7 +7,7 @@
 //! defines). Otherwise the generic kernels: one warp per `(b, s, h)` row, staged in shared
 //! memory, 16-byte vector accesses where the layout allows.
 
-use dsv4_core::ops::qnorm_rope::{token_major_strides, QNormRopeArgs};
+use dsv4_core::ops::qnorm_rope::{token_major_strides, Dims, QNormRopeArgs};
 use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
 
 use crate::runtime::Gpu;
@@ -173,6 +173,31 @@ fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
     rows.div_ceil(warps).min(gpu.props().sm_count as usize * 32).max(1) as u32
 }
 
+/// The params both directions share: inputs, sizes and eps; the direction's own
+/// pointers (out/rstd forward; grad/rstd/dx backward) are set by the caller.
+fn base_params(a: &QNormRopeArgs, dm: Dims) -> QNormRopeParams {
+    QNormRopeParams {
+        x: a.x.address(),
+        cos: a.cos.address(),
+        sin: a.sin.address(),
+        grad: 0,
+        rstd_in: 0,
+        out: 0,
+        rstd_out: 0,
+        x_stride: strides(&a.x),
+        g_stride: [0; 4],
+        cos_stride: strides(&a.cos),
+        sin_stride: strides(&a.sin),
+        b: dm.b as i64,
+        h: dm.h as i64,
+        s: dm.s as i64,
+        c: dm.c as i64,
+        r: dm.r as i64,
+        eps: a.eps,
+        pad: 0,
+    }
+}
+
 pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut TensorViewMut) -> Result<()> {
     let (dm, _) = a.validate()?;
     check_token_major("out", out)?;
@@ -185,26 +210,7 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
     }
     let defines = [("QR_X_BF16", is_bf16(a.x.dtype()).to_string()), ("QR_X_VEC", vector_width(&a.x).to_string()), ("QR_O_VEC", out_vector_width(out).to_string())];
     let fast = fast_shape(dm.c, false).filter(|_| a.x.dtype() == DType::BF16 && vector_width(&a.x) == 8 && out_vector_width(out) == 8);
-    let p = QNormRopeParams {
-        x: a.x.address(),
-        cos: a.cos.address(),
-        sin: a.sin.address(),
-        grad: 0,
-        rstd_in: 0,
-        out: out.address(),
-        rstd_out: rstd.address(),
-        x_stride: strides(&a.x),
-        g_stride: [0; 4],
-        cos_stride: strides(&a.cos),
-        sin_stride: strides(&a.sin),
-        b: dm.b as i64,
-        h: dm.h as i64,
-        s: dm.s as i64,
-        c: dm.c as i64,
-        r: dm.r as i64,
-        eps: a.eps,
-        pad: 0,
-    };
+    let p = QNormRopeParams { out: out.address(), rstd_out: rstd.address(), ..base_params(a, dm) };
     if let Some(shape) = fast {
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
@@ -247,26 +253,7 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         ("QR_O_VEC", out_vector_width(dx).to_string()),
     ];
     let fast = fast_shape(dm.c, true).filter(|_| a.x.dtype() == DType::BF16 && grad.dtype() == DType::BF16 && vector_width(&a.x) == 8 && vector_width(grad) == 8 && out_vector_width(dx) == 8);
-    let p = QNormRopeParams {
-        x: a.x.address(),
-        cos: a.cos.address(),
-        sin: a.sin.address(),
-        grad: grad.address(),
-        rstd_in: rstd.address(),
-        out: dx.address(),
-        rstd_out: 0,
-        x_stride: strides(&a.x),
-        g_stride: strides(grad),
-        cos_stride: strides(&a.cos),
-        sin_stride: strides(&a.sin),
-        b: dm.b as i64,
-        h: dm.h as i64,
-        s: dm.s as i64,
-        c: dm.c as i64,
-        r: dm.r as i64,
-        eps: a.eps,
-        pad: 0,
-    };
+    let p = QNormRopeParams { grad: grad.address(), rstd_in: rstd.address(), out: dx.address(), g_stride: strides(grad), ..base_params(a, dm) };
     if let Some(shape) = fast {
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
