@@ -207,6 +207,13 @@ impl Gpu {
         &self.props
     }
 
+    /// Whether the Hopper (sm_90a: wgmma, setmaxnreg, mbarrier pipelines) kernels run on
+    /// this device. `DSV4_PORTABLE=1` keeps every op on its portable (mma.sync) kernel, to
+    /// compare the two paths or to work around one.
+    pub fn hopper(&self) -> bool {
+        self.props.arch == "sm_90a" && std::env::var("DSV4_PORTABLE").as_deref() != Ok("1")
+    }
+
     /// Make this device's context current on the calling thread.
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv("binding the context to this thread"))

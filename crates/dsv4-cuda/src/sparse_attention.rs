@@ -493,6 +493,16 @@ pub fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Res
     run_forward(gpu, a, dm, tiles, src, true, out_ptr(out), lse.ptr())
 }
 
+/// Dynamic shared memory of `fwd_sm90.cu` (`kSa90SmemBytes`: Q, two 64-key K/V buffers,
+/// two P tiles, keys, row statistics, barriers, 1024 bytes of alignment slack).
+pub const SA90_FWD_SMEM_BYTES: usize = 64 * 1024 + 2 * 64 * 1024 + 2 * 8 * 1024 + 3 * 512 + 9 * 8 + 1024;
+
+/// Whether the forward runs the Hopper kernel: an sm_90a device (and not DSV4_PORTABLE=1),
+/// kernel head dim 512, the default exp2 arithmetic, no dedup (the dense oracle).
+pub fn use_hopper_fwd(gpu: &Gpu, dp: usize, reference_rounding: bool, dedup: bool) -> bool {
+    gpu.hopper() && dp == 512 && !reference_rounding && !dedup && SA90_FWD_SMEM_BYTES <= gpu.props().max_shared_per_block_optin as usize
+}
+
 fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: IndexSource, dedup: bool, out: u64, lse: u64) -> Result<()> {
     if dm.b * dm.s == 0 {
         return Ok(());
@@ -502,8 +512,14 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     let kv = rows_input(gpu, &a.kv, dp)?;
     // D not a multiple of 64: the kernel writes a padded out, cut back below.
     let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
-    let smem = fwd_smem_bytes(dp, tiles.hb, tiles.bn);
-    let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
+    // The Hopper kernel (fwd_sm90.cu): D = 512, 64 heads a CTA, exp2 arithmetic, no dedup.
+    let hopper = use_hopper_fwd(gpu, dp, a.reference_rounding, dedup);
+    let (smem, k, block, grid_y) = if hopper {
+        (SA90_FWD_SMEM_BYTES, gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[])?, 384u32, dm.h.div_ceil(64))
+    } else {
+        let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
+        (fwd_smem_bytes(dp, tiles.hb, tiles.bn), k, tiles.threads(dp) as u32, tiles.head_blocks(dm.h))
+    };
     let p = FwdParams {
         q: q.ptr,
         kv: kv.ptr,
@@ -531,14 +547,14 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         smem_bytes: smem as i32,
         sm_scale: a.sm_scale,
     };
-    let grid = [(dm.b * dm.s) as u32, tiles.head_blocks(dm.h) as u32, 1];
+    let grid = [(dm.b * dm.s) as u32, grid_y as u32, 1];
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never
     // dereferenced; out (or the padded [B,S,H,dp] scratch) and lse are contiguous
     // [B,S,H,D] / [B,S,H] outputs (checked by the caller); B*S, K, T fit in int32; `smem`
     // is this tile's layout, which the kernel checks.
-    unsafe { k.launch(grid, [tiles.threads(dp) as u32, 1, 1], smem as u32, &p)? };
+    unsafe { k.launch(grid, [block, 1, 1], smem as u32, &p)? };
     if let Some(o) = &out_pad {
         // SAFETY: the scratch holds [B*S*H, dp] bf16 written above; out is [B*S*H, D].
         unsafe { unpad(gpu, o.ptr(), dm.b * dm.s * dm.h, dp, out, dm.d)? };

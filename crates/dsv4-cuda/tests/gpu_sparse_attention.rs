@@ -242,6 +242,76 @@ fn small_many_heads_and_head_dims() {
     check(js);
 }
 
+/// Mirror of `HopperProbeParams` (kernels/hopper_probe.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct HopperProbeParams {
+    a: u64,
+    b: u64,
+    s: u64,
+    o_rs: u64,
+    o_ss: u64,
+    half: i32,
+    pad_: i32,
+}
+const _: () = assert!(std::mem::size_of::<HopperProbeParams>() == 48);
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_wgmma_layouts() {
+    // The wgmma descriptors and fragment layouts of hopper.cuh / wgmma.cuh on their own:
+    // A B^T (both K-major) and A[:, :64] B[:, 256h..] (B N-major, A from registers and
+    // from shared memory) against f64 products of the same bf16 values.
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    if !gpu.hopper() {
+        println!("not an sm_90a device (or DSV4_PORTABLE=1): nothing to check");
+        return;
+    }
+    let mut rng = Rng(22);
+    let a = bf16_pair(&[64, 512], &rng.normals(64 * 512, 1.0));
+    let bm = bf16_pair(&[64, 512], &rng.normals(64 * 512, 1.0));
+    let (av, bv) = (a.host.to_f32_vec().unwrap(), bm.host.to_f32_vec().unwrap());
+    let k = gpu.kernel("hopper_probe.cu", "hopper_probe", &[]).unwrap();
+    let mut js = Vec::new();
+    for half in 0..2usize {
+        let (s, o_rs, o_ss) = (poisoned(DType::F32, &[64, 64]), poisoned(DType::F32, &[64, 256]), poisoned(DType::F32, &[64, 256]));
+        let p = HopperProbeParams { a: a.dev.view().address(), b: bm.dev.view().address(), s: s.view().address(), o_rs: o_rs.view().address(), o_ss: o_ss.view().address(), half: half as i32, pad_: 0 };
+        // SAFETY: the pointers are live device tensors of the shapes the kernel reads/writes.
+        unsafe { k.launch([1, 1, 1], [128, 1, 1], 2 * 65536 + 1024, &p).unwrap() };
+        let want_s: Vec<f32> = (0..64 * 64).map(|i| (0..512).map(|d| av[(i / 64) * 512 + d] as f64 * bv[(i % 64) * 512 + d] as f64).sum::<f64>() as f32).collect();
+        let want_o: Vec<f32> = (0..64 * 256).map(|i| (0..64).map(|kk| av[(i / 256) * 512 + kk] as f64 * bv[kk * 512 + half * 256 + i % 256] as f64).sum::<f64>() as f32).collect();
+        let ws = Tensor::from_f32(&[64, 64], want_s).unwrap();
+        let wo = Tensor::from_f32(&[64, 256], want_o).unwrap();
+        js.push(jt(&format!("A B^T (half {half} run)"), &s, &ws, Tolerance::RelFro(1e-5)));
+        js.push(jt(&format!("P V, A from registers, half {half}"), &o_rs, &wo, Tolerance::RelFro(1e-5)));
+        js.push(jt(&format!("P V, A from shared memory, half {half}"), &o_ss, &wo, Tolerance::RelFro(1e-5)));
+    }
+    check(js);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_forward_d512() {
+    // D = 512 (and 480, padded to 512) runs fwd_sm90.cu on an sm_90a device: heads 1..128
+    // (one or two 64-head blocks, padded rows), slot counts around the 64-key block and
+    // the 128-key pair (0, 1, 63, 64, 65, 127, 128, 129, 200), masked / out-of-range /
+    // duplicate slots, empty rows, |logit| ~ 1e4, sinks +-30, i64 indices, plans.
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    println!("hopper forward: {}", dsv4_cuda::sparse_attention::use_hopper_fwd(gpu, 512, false, false));
+    let mut rng = Rng(21);
+    let mut js = Vec::new();
+    for (i, &(h, t)) in [(64, 129), (1, 0), (17, 1), (64, 63), (64, 64), (100, 65), (128, 127), (64, 128), (3, 200)].iter().enumerate() {
+        let mut c = Case::small(1 + i % 2, 3, h, if i == 3 { 480 } else { 512 }, 300, t);
+        c.idx_i64 = i == 5;
+        js.extend(run_case(&mut rng, &c, false, i % 3 == 2));
+    }
+    for c in [Case { big_logits: true, sink_scale: 30.0, ..Case::small(1, 3, 64, 512, 100, 150) }, Case { sink_scale: 30.0, noise: 0, empty_rows: false, ..Case::small(2, 2, 64, 512, 700, 640) }] {
+        js.extend(run_case(&mut rng, &c, false, false));
+        js.extend(run_case(&mut rng, &c, false, true));
+    }
+    check(js);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
 fn small_head_dims_not_multiple_of_64() {
