@@ -12,6 +12,11 @@
 //!   beyond ~10.8K at H = 64, D = 128, k = 512; see [`FUSED_SMEM_BYTES`]) fall back to
 //!   scores of a bounded block of queries in a scratch (at most [`FUSED_SCRATCH_BYTES`])
 //!   followed by `topk`, block after block.
+//! - On Hopper (`Gpu::hopper()`: sm_90a, unless `DSV4_PORTABLE=1`) and H <= 64, D <= 128,
+//!   dense scores and the fused top-k run `scores_sm90.cu` instead (wgmma, a producer warp
+//!   streaming key tiles through an mbarrier ring; fused: a persistent grid whose CTAs
+//!   keep their rows of scores in a scratch slot in L2 and select with the same
+//!   `select.cuh`). [`ScoresPath`] forces either kernel (tests, benchmarks).
 //! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection;
 //!   the indices are fetched two tiles ahead of the row copies).
 //! - `topk_scores_backward`: `bwd_mma.cu` on tensor cores for H <= 64, D <= 128 (per query
@@ -66,6 +71,8 @@ pub struct IndexerScoresParams {
     pub out: u64,
     /// fused: indices `[B, s_count, K]` i32 at out's strides; else 0.
     pub idx: u64,
+    /// `scores_sm90.cu` fused: per-CTA scratch rows `[grid, 4, P]` f32; else 0.
+    pub rows: u64,
     pub q_sb: i64,
     pub q_ss: i64,
     pub q_sh: i64,
@@ -207,7 +214,7 @@ pub struct IndexerPackParams {
     pub n3_pad: i64,
 }
 
-const _: () = assert!(size_of::<IndexerScoresParams>() == 208);
+const _: () = assert!(size_of::<IndexerScoresParams>() == 216);
 const _: () = assert!(size_of::<IndexerTopkParams>() == 88);
 const _: () = assert!(size_of::<IndexerBwdParams>() == 256);
 const _: () = assert!(size_of::<IndexerBwdReduceParams>() == 32);
@@ -473,6 +480,7 @@ fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: 
         topk: t_ptr,
         out: dst.out,
         idx: dst.idx,
+        rows: 0,
         q_sb: inp.q.strides[0],
         q_ss: inp.q.strides[1],
         q_sh: inp.q.strides[2],
@@ -510,6 +518,148 @@ fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: 
     // defines (`smem_bytes`, with the fused rows of P and sort buffer of sort_cap); the
     // params type is the entry's.
     unsafe { k.launch(grid, [tiles.threads(), 1, 1], tiles.smem_bytes() as u32, &prm) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hopper scores kernel (scores_sm90.cu): tiles and launch
+
+/// Which scores kernel `scores_with` / `fused_topk_with` / `chunked_topk` use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoresPath {
+    /// `scores_sm90.cu` when [`hopper_scores_supported`], else `scores.cu`.
+    Auto,
+    /// `scores.cu` (mma.sync), on any device.
+    Portable,
+    /// `scores_sm90.cu`; an `Unavailable` error where it cannot run (not sm_90a, or a shape
+    /// it does not take). Ignores `DSV4_PORTABLE`, so tests can compare the two paths.
+    Hopper,
+}
+
+/// Queries per CTA of `scores_sm90.cu` (BQ: one per lane of an accumulator quad).
+const SM90_BQ: usize = 4;
+/// Threads of `scores_sm90.cu`: one consumer warpgroup and one producer warp.
+const SM90_THREADS: u32 = 160;
+/// CTAs per SM `scores_sm90.cu` is built for (`__launch_bounds__(160, 2)`).
+const SM90_CTAS_PER_SM: usize = 2;
+
+/// Whether `scores_sm90.cu` takes heads `h` and head dim `d`: N = 4 queries x heads padded
+/// to 16/32/64 fits one wgmma (<= 256), and the head dim fits two 64-wide SW128 groups.
+fn sm90_fits(h: usize, d: usize) -> bool {
+    (1..=64).contains(&h) && (1..=128).contains(&d)
+}
+
+/// Shared memory of `scores_sm90.cu`, mirroring its layout: 1024 bytes to align the base,
+/// sq [DG][N][128 B] | skv [2][DG][64][128 B] | sw [N] f32 | 64 B of barriers, and, fused,
+/// SelectSmem and the sort buffer of `sort_cap` entries.
+fn sm90_smem_bytes(h: usize, d: usize, fused_sort_cap: Option<usize>) -> usize {
+    let hpad = if h <= 16 { 16 } else if h <= 32 { 32 } else { 64 };
+    let nrows = SM90_BQ * hpad;
+    let dg = d.div_ceil(64);
+    1024 + dg * nrows * 128 + 2 * dg * 64 * 128 + nrows * 4 + 64 + fused_sort_cap.map_or(0, |cap| SELECT_SMEM_BYTES + cap * 8)
+}
+
+/// Whether `Auto` takes the Hopper kernel for heads `h`, head dim `d` on this device
+/// (dense scores; the fused top-k also needs its sort buffer to fit).
+pub fn hopper_scores_supported(gpu: &Gpu, h: usize, d: usize) -> bool {
+    gpu.hopper() && sm90_fits(h, d)
+}
+
+/// Whether this launch uses `scores_sm90.cu` (`Ok(false)`: `scores.cu`).
+fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize, fused_sort_cap: Option<usize>) -> Result<bool> {
+    let smem_ok = sm90_smem_bytes(h, d, fused_sort_cap) <= gpu.props().max_shared_per_block_optin as usize;
+    match path {
+        ScoresPath::Portable => Ok(false),
+        ScoresPath::Auto => Ok(hopper_scores_supported(gpu, h, d) && smem_ok),
+        ScoresPath::Hopper => {
+            if gpu.props().arch != "sm_90a" {
+                Err(unavailable(op, format!("the Hopper scores kernel needs sm_90a; this device is {}", gpu.props().arch)))
+            } else if !sm90_fits(h, d) {
+                Err(unavailable(op, format!("the Hopper scores kernel takes H <= 64, D <= 128; got H = {h}, D = {d}")))
+            } else if !smem_ok {
+                Err(unavailable(op, format!("the Hopper scores kernel needs {} bytes of shared memory per CTA here", sm90_smem_bytes(h, d, fused_sort_cap))))
+            } else {
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// One launch of `scores_sm90.cu` over queries `[s_begin, s_begin + s_count)`: dense rows
+/// at `dst.out` (`fused_sort_cap == None`), or the fused top-k into `dst.out` / `dst.idx`.
+fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize, fused_sort_cap: Option<usize>) -> Result<()> {
+    let (b, h, d, p) = (sh.b as usize, sh.h as usize, sh.d as usize, sh.p as usize);
+    let smem = sm90_smem_bytes(h, d, fused_sort_cap);
+    let items = s_count.div_ceil(SM90_BQ) * b;
+    // Dense: one CTA per (batch row, query block). Fused: a persistent grid of at most two
+    // CTAs per SM (what shared memory allows), each with its own scratch slot of 4 rows.
+    let grid_x = match fused_sort_cap {
+        None => items,
+        Some(_) => {
+            let per_sm = (gpu.props().max_shared_per_sm as usize / (smem + 1024)).clamp(1, SM90_CTAS_PER_SM);
+            items.min(per_sm * gpu.props().sm_count as usize).max(1)
+        }
+    };
+    let rows = match fused_sort_cap {
+        Some(_) => Some(gpu.scratch(grid_x * SM90_BQ * p * 4)?),
+        None => None,
+    };
+    let prm = IndexerScoresParams {
+        q: inp.q.ptr,
+        kv: inp.kv.ptr,
+        w: a.weights.address(),
+        topk: 0,
+        out: dst.out,
+        idx: dst.idx,
+        rows: rows.as_ref().map_or(0, |r| r.ptr()),
+        q_sb: inp.q.strides[0],
+        q_ss: inp.q.strides[1],
+        q_sh: inp.q.strides[2],
+        kv_sb: inp.kv.strides[0],
+        kv_sp: inp.kv.strides[1],
+        w_sb: inp.w[0],
+        w_ss: inp.w[1],
+        w_sh: inp.w[2],
+        t_sb: 0,
+        t_ss: 0,
+        t_st: 0,
+        out_sb: dst.strides.0,
+        out_ss: dst.strides.1,
+        b: sh.b,
+        s: sh.s,
+        h: sh.h,
+        d: sh.d,
+        p: sh.p,
+        t: 0,
+        s_begin: to_i32(op, "s_begin", s_begin)?,
+        s_count: to_i32(op, "s_count", s_count)?,
+        query_start: sh.query_start,
+        compress_ratio: sh.compress_ratio,
+        topk_is_i64: 0,
+        k: to_i32(op, "k", dst.k)?,
+        sort_cap: to_i32(op, "sort capacity", fused_sort_cap.unwrap_or(0))?,
+        scale: a.softmax_scale,
+    };
+    let defines = [("IDX_H", h.to_string()), ("IDX_D", d.to_string()), ("IDX_FUSED", (fused_sort_cap.is_some() as u8).to_string())];
+    let k = gpu.kernel("indexer/scores_sm90.cu", "indexer_scores_sm90", &defines)?;
+    let grid = [grid_dim(op, "query blocks", grid_x)?, 1, 1];
+    // SAFETY: q/kv rows are 16-byte readable to round_up(D, 8) (tc_operand, alive in `inp`
+    // until the launch is queued), weights is a live device view whose strides are
+    // passed; `out` holds B x s_count rows of P (dense) or k (fused, and `idx` likewise) at
+    // the given strides (checked by the callers); `rows` (fused) is a scratch of grid_x x 4
+    // x P f32, one slot per CTA, freed in stream order after the kernel; the dynamic shared
+    // memory is sm90_smem_bytes for these defines and sort_cap; the params type is the
+    // entry's.
+    unsafe { k.launch(grid, [SM90_THREADS, 1, 1], smem as u32, &prm) }
+}
+
+/// Dense scores rows of queries `[s_begin, s_begin + s_count)` into `dst` by the kernel
+/// `path` picks.
+fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize, path: ScoresPath) -> Result<()> {
+    if use_sm90(gpu, op, path, sh.h as usize, sh.d as usize, None)? {
+        launch_scores_sm90(gpu, op, a, sh, inp, dst, s_begin, s_count, None)
+    } else {
+        launch_scores(gpu, op, a, sh, inp, None, dst, s_begin, s_count)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -570,6 +720,11 @@ fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize,
 
 /// Scores `[B,S,P]` f32 with the causal -inf (SPEC.md section 2).
 pub fn scores(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()> {
+    scores_with(gpu, a, out, ScoresPath::Auto)
+}
+
+/// [`scores`] by the kernel `path` picks (tests and benchmarks compare the two).
+pub fn scores_with(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut, path: ScoresPath) -> Result<()> {
     const OP: &str = "indexer_scores";
     check_bf16(OP, a)?;
     check_contiguous(OP, "out", out)?;
@@ -580,7 +735,7 @@ pub fn scores(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()>
     }
     let inp = scores_inputs(gpu, OP, a, false)?;
     let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * p) as i64, p as i64) };
-    launch_scores(gpu, OP, a, &sh, &inp, None, &dst, 0, s)
+    launch_dense(gpu, OP, a, &sh, &inp, &dst, 0, s, path)
 }
 
 /// Top-k of `[B,S,P]` f32 scores: indices `[B,S,min(k,P)]` i32 and their values.
@@ -613,16 +768,29 @@ fn selection_shape(op: &'static str, a: &IndexerArgs, k: usize, idx: &TensorView
 /// never leave the chip. Otherwise [`chunked_topk`] with a scratch of at most
 /// [`FUSED_SCRATCH_BYTES`].
 pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut) -> Result<()> {
+    fused_topk_with(gpu, a, k, idx, vals, ScoresPath::Auto)
+}
+
+/// [`fused_topk`] by the kernel `path` picks. On the Hopper kernel the rows of scores live
+/// in a per-CTA scratch (4 x P f32 for each of at most two CTAs per SM), so every P is
+/// fused; the portable kernel keeps them in shared memory and takes [`chunked_topk`]
+/// beyond [`FUSED_SMEM_BYTES`].
+pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, path: ScoresPath) -> Result<()> {
     const OP: &str = "lightning_indexer";
     let Some((sh, kk)) = selection_shape(OP, a, k, idx, vals)? else { return Ok(()) };
     let (s, p) = (sh.s as usize, sh.p as usize);
     let mut inp = scores_inputs(gpu, OP, a, false)?;
+    let sort_cap = kk.next_power_of_two();
+    if use_sm90(gpu, OP, path, sh.h as usize, sh.d as usize, Some(sort_cap))? {
+        let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
+        return launch_scores_sm90(gpu, OP, a, &sh, &inp, &dst, 0, s, Some(sort_cap));
+    }
     // Two queries per CTA (not the dense four): their rows of P scores stay in shared
     // memory, two CTAs per SM up to P ~ 4K at H = 64, D = 128.
     let fused = ScoresTiles { bq: inp.tiles.bq.min(2), fused: Some((p, kk.next_power_of_two())), ..inp.tiles };
     if fused.smem_bytes() > FUSED_SMEM_BYTES.min(gpu.props().max_shared_per_block_optin as usize) {
         drop(inp);
-        return chunked_topk(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES);
+        return chunked_topk_with(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES, path);
     }
     inp.tiles = fused;
     let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
@@ -632,8 +800,15 @@ pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut,
 /// Scores + top-k through a bounded scratch: blocks of queries are scored into at most
 /// `scratch_bytes` (at least one query row of `[B, P]` f32) and selected by `topk.cu`
 /// from there, block after block (stream order, no host synchronisation). The path of
-/// `fused_topk` for rows too long for shared memory; public for tests and benchmarks.
+/// the portable `fused_topk` for rows too long for shared memory; public for tests and
+/// benchmarks. Its scores come from the kernel [`scores`] uses (`ScoresPath::Auto`), so
+/// its selection is bitwise that of `topk(scores(..))`.
 pub fn chunked_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize) -> Result<()> {
+    chunked_topk_with(gpu, a, k, idx, vals, scratch_bytes, ScoresPath::Auto)
+}
+
+/// [`chunked_topk`] with the scores by the kernel `path` picks.
+pub fn chunked_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize, path: ScoresPath) -> Result<()> {
     const OP: &str = "lightning_indexer";
     let Some((sh, kk)) = selection_shape(OP, a, k, idx, vals)? else { return Ok(()) };
     let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
@@ -646,7 +821,7 @@ pub fn chunked_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMu
     while s_begin < s {
         let n = rows.min(s - s_begin);
         let dst = ScoresOut { out: scratch.ptr(), idx: 0, k: 0, strides: ((rows * p) as i64, p as i64) };
-        launch_scores(gpu, OP, a, &sh, &inp, None, &dst, s_begin, n)?;
+        launch_dense(gpu, OP, a, &sh, &inp, &dst, s_begin, n, path)?;
         let off = (s_begin * kk * 4) as u64;
         launch_topk(gpu, OP, scratch.ptr(), [(rows * p) as i64, p as i64, 1], b, n, p, kk, idx_base + off, val_base + off, ((s * kk) as i64, kk as i64))?;
         s_begin += n;
@@ -833,6 +1008,23 @@ mod tests {
         let f = ScoresTiles { fused: Some((1024, 512)), ..t };
         assert_eq!(f.smem_bytes(), base + 2304 + 512 * 8 + 2 * 1024 * 4);
         assert!(f.smem_bytes() <= FUSED_SMEM_BYTES);
+    }
+
+    #[test]
+    fn sm90_smem_mirrors_the_kernel_layout() {
+        // H = 64, D = 128: 1024 (alignment) + sq 2 x 256 x 128 + skv 2 x 2 x 64 x 128
+        // + sw 256 x 4 + 64 (barriers); fused adds SelectSmem and the sort buffer.
+        let dense = 1024 + 2 * 256 * 128 + 2 * 2 * 64 * 128 + 256 * 4 + 64;
+        assert_eq!(sm90_smem_bytes(64, 128, None), dense);
+        assert_eq!(sm90_smem_bytes(64, 128, Some(512)), dense + 2304 + 512 * 8);
+        // Two CTAs per SM on Hopper (228 KiB a SM, 1 KiB reserved per CTA) for the dense
+        // scores and the fused top-512 / top-1024.
+        for cap in [None, Some(512), Some(1024)] {
+            assert!(2 * (sm90_smem_bytes(64, 128, cap) + 1024) <= 228 << 10, "{cap:?}");
+        }
+        // Heads pad to 16 / 32 / 64 (N = 64 / 128 / 256), the head dim to groups of 64.
+        assert_eq!(sm90_smem_bytes(17, 40, None), 1024 + 128 * 128 + 2 * 64 * 128 + 128 * 4 + 64);
+        assert!(sm90_fits(64, 128) && sm90_fits(1, 8) && !sm90_fits(65, 128) && !sm90_fits(64, 136));
     }
 
     #[test]

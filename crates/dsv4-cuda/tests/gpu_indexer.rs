@@ -473,3 +473,94 @@ fn dsv4_topk_scores_and_backward() {
     // 64-slot tiles (and warp slabs of the forward) that are skipped.
     backward_of_selection(&inp, &sel, 23);
 }
+
+// ---- the Hopper kernel (scores_sm90.cu) against the portable one (scores.cu) ----------
+
+/// Both paths on the same device inputs. The two kernels sum the heads in different
+/// orders, so their f32 scores differ in the last bits: dense scores must agree within
+/// the scores tolerance with identical -inf positions; the fused selections must have the
+/// same counts and -1 tails, and where an index differs, the two keys' (portable) scores
+/// must be within the tolerance of each other (a near-tie resolved the other way), as must
+/// the values. Each path's fused selection is also bitwise `topk` of its own dense scores.
+fn hopper_vs_portable(c: Case, k: usize, seed: u64) {
+    use dsv4_cuda::indexer::{fused_topk_with, scores_with, ScoresPath};
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    if gpu.props().arch != "sm_90a" {
+        eprintln!("hopper_vs_portable: skipped, the device is {} (not sm_90a)", gpu.props().arch);
+        return;
+    }
+    let inp = Inputs::new(c, seed);
+    let a = inp.dev_args();
+    let kk = k.min(c.p);
+    let dense = |path| {
+        let mut out = alloc(DType::F32, &[c.b, c.s, c.p]);
+        scores_with(gpu, &a, &mut out.view_mut(), path).unwrap();
+        out
+    };
+    let fused = |path| {
+        let mut idx = alloc(DType::I32, &[c.b, c.s, kk]);
+        let mut val = alloc(DType::F32, &[c.b, c.s, kk]);
+        fused_topk_with(gpu, &a, k, &mut idx.view_mut(), &mut val.view_mut(), path).unwrap();
+        (idx.to_i64_vec().unwrap(), val.to_f32_vec().unwrap())
+    };
+    let name = format!("hopper vs portable {c:?} k={k}");
+    let (sh, sp) = (dense(ScoresPath::Hopper), dense(ScoresPath::Portable));
+    let (fh, fp) = (fused(ScoresPath::Hopper), fused(ScoresPath::Portable));
+    // Dense: close, and -inf exactly where the portable kernel (and SPEC) put it.
+    check_scores(&format!("{name}: dense"), &sh, &sp, c.p);
+    let (vh, vp) = (sh.to_f32_vec().unwrap(), sp.to_f32_vec().unwrap());
+    for (i, (x, y)) in vh.iter().zip(&vp).enumerate() {
+        assert_eq!(x.is_finite(), y.is_finite(), "{name}: dense element {i}: hopper {x}, portable {y}");
+    }
+    // Each path's fused top-k is its own dense scores' top-k, bit for bit.
+    assert_same_selection(&format!("{name}: hopper fused == topk(hopper dense)"), &fh, &gpu_topk(&sh.view(), k));
+    assert_same_selection(&format!("{name}: portable fused == topk(portable dense)"), &fp, &gpu_topk(&sp.view(), k));
+    // Across the paths: equal up to near-ties.
+    let mut identical_rows = 0;
+    let rows = c.b * c.s;
+    for r in 0..rows {
+        let row = &vp[r * c.p..(r + 1) * c.p];
+        let scale = row.iter().filter(|x| x.is_finite()).fold(0.0f32, |m, x| m.max(x.abs()));
+        let tol = 2e-5 * scale;
+        let (ih, ip) = (&fh.0[r * kk..(r + 1) * kk], &fp.0[r * kk..(r + 1) * kk]);
+        let (xh, xp) = (&fh.1[r * kk..(r + 1) * kk], &fp.1[r * kk..(r + 1) * kk]);
+        let nh = ih.iter().filter(|&&i| i >= 0).count();
+        let np = ip.iter().filter(|&&i| i >= 0).count();
+        assert_eq!(nh, np, "{name}: row {r}: {nh} keys selected by hopper, {np} by portable");
+        for j in 0..kk {
+            if j >= np {
+                assert!(ih[j] == -1 && xh[j] == f32::NEG_INFINITY, "{name}: row {r} slot {j}: expected (-1, -inf), got ({}, {})", ih[j], xh[j]);
+                continue;
+            }
+            assert!((xh[j] - xp[j]).abs() <= tol, "{name}: row {r} slot {j}: value {} (hopper) vs {} (portable), tolerance {tol}", xh[j], xp[j]);
+            if ih[j] != ip[j] {
+                let (a_, b_) = (row[ih[j] as usize], row[ip[j] as usize]);
+                assert!((a_ - b_).abs() <= tol, "{name}: row {r} slot {j}: index {} (hopper) vs {} (portable), portable scores {a_} vs {b_}: not a near-tie", ih[j], ip[j]);
+            }
+        }
+        identical_rows += (ih == ip) as usize;
+    }
+    println!("{name}: {identical_rows} of {rows} rows select identical indices");
+    assert!(2 * identical_rows >= rows, "{name}: only {identical_rows} of {rows} rows identical");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn hopper_scores_match_portable_small() {
+    // Padded heads (17 -> 32) and head dim (40 -> one group of 64), r = 1 and 2, partial
+    // query blocks, rows that see no key, k > P.
+    hopper_vs_portable(case(1, 37, 17, 40, 29, 2, 5), 8, 700);
+    hopper_vs_portable(case(2, 77, 16, 64, 70, 1, 3), 16, 701);
+    hopper_vs_portable(case(2, 301, 32, 128, 300, 1, 0), 64, 702);
+    hopper_vs_portable(case(1, 33, 64, 128, 37, 4, 100), 600, 703);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn hopper_scores_match_portable_dsv4() {
+    // DSV4 shapes: H = 64, D = 128, r = 4, top-512. B = 2 with k > P; S = 4096; an odd S
+    // with query_start > 0 and P not a multiple of the 64-key tile.
+    hopper_vs_portable(case(2, 1024, 64, 128, 256, 4, 0), 512, 710);
+    hopper_vs_portable(case(1, 4096, 64, 128, 1024, 4, 0), 512, 711);
+    hopper_vs_portable(case(2, 1001, 64, 128, 900, 4, 2047), 512, 712);
+}

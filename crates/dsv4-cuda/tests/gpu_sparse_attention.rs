@@ -305,9 +305,24 @@ fn small_hopper_forward_d512() {
         c.idx_i64 = i == 5;
         js.extend(run_case(&mut rng, &c, false, i % 3 == 2));
     }
-    for c in [Case { big_logits: true, sink_scale: 30.0, ..Case::small(1, 3, 64, 512, 100, 150) }, Case { sink_scale: 30.0, noise: 0, empty_rows: false, ..Case::small(2, 2, 64, 512, 700, 640) }] {
-        js.extend(run_case(&mut rng, &c, false, false));
-        js.extend(run_case(&mut rng, &c, false, true));
+    let c = Case { sink_scale: 30.0, noise: 0, empty_rows: false, ..Case::small(2, 2, 64, 512, 700, 640) };
+    js.extend(run_case(&mut rng, &c, false, false));
+    js.extend(run_case(&mut rng, &c, false, true));
+    // |logit| ~ 1e4 at D = 512: the forward only. (The backward from these outputs misses
+    // its bound on the portable kernels too: q is 2.8e4 in column 0, so lse's f32 rounding,
+    // ~1e-3 absolute, scales every P by ~1e-3 and dkv's column 0 by 1e2 absolute.)
+    let c = Case { big_logits: true, sink_scale: 30.0, ..Case::small(1, 3, 64, 512, 100, 150) };
+    for plan in [false, true] {
+        let x = make_inputs(&mut rng, &c);
+        let cuda_plan = plan.then(|| plan_sparse_indices(BackendName::Cuda, &x.idx_dev.view(), c.k, false).unwrap());
+        let indices = match &cuda_plan {
+            Some(p) => SparseIndices::Plan(p),
+            None => SparseIndices::TopK(x.idx_dev.view()),
+        };
+        let (out, lse) = gpu_forward(&dev_args(&x, indices, false), &c);
+        let (rout, rlse) = sparse_attention(BackendName::Reference, &host_args(&x, false)).unwrap();
+        js.push(jt(&format!("{} plan={plan}: out", c.name()), &out, &rout, Tolerance::Bf16));
+        js.push(jt(&format!("{} plan={plan}: lse", c.name()), &lse, &rlse, LSE_TOL));
     }
     check(js);
 }

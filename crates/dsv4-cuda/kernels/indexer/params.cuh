@@ -9,6 +9,8 @@
 // scores.cu: `indexer_scores` (dense causal scores); with IDX_GATHER=1,
 // `indexer_topk_scores` (the scores of a given selection); with IDX_FUSED=1, the fused
 // scores + top-k (the scores of a query never leave shared memory).
+// scores_sm90.cu (Hopper wgmma) takes the same struct for dense and fused scores; its
+// fused mode keeps the rows in the `rows` scratch (L2) instead of shared memory.
 struct IndexerScoresParams {
     const bf16* q;        // [B,S,H,D], d-stride 1, rows 16-byte aligned, readable to round_up(D,8)
     const bf16* kv;       // [B,P,D], same row rules as q
@@ -16,6 +18,7 @@ struct IndexerScoresParams {
     const void* topk;     // [B,S,T] i32 or i64 (gather mode; null otherwise), -1 = masked
     float* out;           // dense: [B, s_count, P]; gather: [B, s_count, T]; fused: values [B, s_count, K]; last dim contiguous
     int* idx;             // fused: indices [B, s_count, K] at out's strides; null otherwise
+    float* rows;          // scores_sm90.cu fused: per-CTA scratch rows [gridDim.x, 4, P] f32; null otherwise
     i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
     i64 kv_sb, kv_sp;      // pooled_kv strides of b, p
     i64 w_sb, w_ss, w_sh;  // weights strides of b, s, h
@@ -31,7 +34,7 @@ struct IndexerScoresParams {
     i32 sort_cap;          // fused: sort buffer entries (power of two >= k)
     float scale;           // softmax_scale
 };
-DSV4_PARAMS_SIZE(IndexerScoresParams, 208);
+DSV4_PARAMS_SIZE(IndexerScoresParams, 216);
 
 // topk.cu: `indexer_topk` over rows of f32 scores.
 struct IndexerTopkParams {

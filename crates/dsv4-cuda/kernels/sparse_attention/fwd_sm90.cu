@@ -3,25 +3,28 @@
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows that
 // are never stored). Three warpgroups:
-//   WG 0, producer: loads Q once, then gathers the row's slots in blocks of 64 keys with
-//        cp.async into two 64 KiB buffers (the rows of a block are K and V at once: MQA),
-//        each buffer in two column halves with their own "ready" / "free" mbarriers.
+//   WG 0, producer: loads Q once, then gathers the row's slots in blocks of 32 keys with
+//        cp.async into a ring of four 32 KiB buffers (the rows of a block are K and V at
+//        once: MQA), with a "ready" and a "free" mbarrier per buffer. The ring holds two
+//        iterations, so the next iteration's gathers land while this one computes.
 //   WG 1 and WG 2, consumers c = 0, 1: in iteration i, consumer c owns block 2i + c
-//        (buffer c): S_c = Q K_c^T (64 x 64, 32 wgmma k-steps over D), masked and scaled.
-//        The two consumers exchange their row maxima (one named barrier), so both hold
-//        the same running max m; P_c = exp2(S_c - m) goes to registers (A of the next
-//        product) and to shared memory for the other consumer (second barrier). Consumer
-//        c keeps O's columns [256c, 256c + 256) in registers (128 f32 a thread) and adds
-//        P_c V_c + P_{1-c} V_{1-c} over its columns, then frees its column half of both
-//        buffers. The running sums are per consumer (each adds its own P) and meet at the
-//        end.
+//        (buffer (2i + c) % 4): S_c = Q K_c^T (64 x 32, 32 wgmma k-steps over D), masked
+//        and scaled. The two consumers exchange their row maxima (one named barrier), so
+//        both hold the same running max m; P_c = exp2(S_c - m) goes to registers (A of the
+//        next product) and to shared memory for the other consumer (second barrier).
+//        Consumer c keeps O's columns [256c, 256c + 256) in registers (128 f32 a thread)
+//        and adds P_c V_c + P_{1-c} V_{1-c} over its columns, then frees both buffers
+//        (each buffer's free barrier counts both consumers). The running sums are per
+//        consumer (each adds its own P) and meet at the end. O is rescaled only in warps
+//        where the running max moved.
 // The sink starts the running max (m = sink, l = 1 counted once), so an empty row ends
 // with out = 0 and lse = sink, and |logits| ~ 1e4 never overflow; logits are kept in log2
 // units (sm_scale * log2 e), lse is stored in natural log.
 //
-// Shared memory (SW128 operand tiles, hopper.cuh): Q [64 x 512] 64 KiB, K/V buffers
-// 2 x [64 x 512] 128 KiB, P 2 x [64 x 64] 16 KiB, slot keys, row statistics, barriers.
-// The Q area stages the bf16 output tile at the end (16-byte stores).
+// Shared memory (SW128 operand tiles, hopper.cuh): Q [64 x 512] 64 KiB, K/V ring
+// 4 x [32 x 512] 128 KiB, P 2 x [64 x 64] 16 KiB (32 columns used), slot keys of the
+// ring's blocks (for the masks) and of the producer's current 1024-slot chunk, row
+// statistics, barriers. The Q area stages the bf16 output tile at the end (16-byte stores).
 //
 // dsv4-archs: sm_90a
 
@@ -41,26 +44,31 @@ using dsv4::sa::slot_key;
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M)
-constexpr int kBN = 64;                  // slots per block
+constexpr int kBN = 32;                  // slots per block (one consumer's S columns)
+constexpr int kNBuf = 4;                 // ring of blocks: two iterations
 constexpr int kThreads = 384;
-constexpr int kGroupBytes = 64 * 128;    // one SW128 group of a 64-row tile: 64 columns
-constexpr int kTileBytes = 8 * kGroupBytes;  // [64 x 512] bf16
-constexpr int kPBytes = 64 * 128;        // [64 x 64] bf16
+constexpr int kGroupBytes = kBN * 128;   // one SW128 group of a block: 64 columns
+constexpr int kQGroupBytes = kHB * 128;  // one SW128 group of Q: 64 columns
+constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
+constexpr int kPBytes = kHB * 128;       // [64 x 64] bf16 SW128 (32 columns used)
 
 // Byte offsets from the 1024-aligned base.
 constexpr int kQOff = 0;
-constexpr int kKvOff = kQOff + kTileBytes;        // [2] buffers
-constexpr int kPOff = kKvOff + 2 * kTileBytes;    // [2] P tiles
-constexpr int kKeysOff = kPOff + 2 * kPBytes;     // int [2][64]
-constexpr int kMaxOff = kKeysOff + 2 * kBN * 4;   // float [2][64] row maxima of a block
-constexpr int kSumOff = kMaxOff + 2 * kHB * 4;    // float [2][64] final row sums
-constexpr int kBarOff = kSumOff + 2 * kHB * 4;    // u64: q, ready[2][2], free[2][2]
+constexpr int kKvOff = kQOff + 8 * kQGroupBytes;   // [4] buffers
+constexpr int kPOff = kKvOff + kNBuf * kBlockBytes;  // [2] P tiles
+constexpr int kKeysOff = kPOff + 2 * kPBytes;      // int [4][32]
+constexpr int kMaxOff = kKeysOff + kNBuf * kBN * 4;  // float [2][64] row maxima of a block
+constexpr int kSumOff = kMaxOff + 2 * kHB * 4;     // float [2][64] final row sums
+constexpr int kChunk = 1024;                      // slot keys the producer reads per index pass
+constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's keys of a chunk of slots
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[4], free[4]
 constexpr int kBytes = kBarOff + 9 * 8;
 }  // namespace
 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
+static_assert(kSa90SmemBytes == 219720, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(const SparseAttnFwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -73,8 +81,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     float* max_s = reinterpret_cast<float*>(smem + kMaxOff);
     float* sum_s = reinterpret_cast<float*>(smem + kSumOff);
     u64* q_bar = reinterpret_cast<u64*>(smem + kBarOff);
-    u64* ready_bar = q_bar + 1;  // [buffer][half]
-    u64* free_bar = q_bar + 5;   // [buffer][half]
+    u64* ready_bar = q_bar + 1;  // [buffer]: the producer's 128 threads
+    u64* free_bar = q_bar + 5;   // [buffer]: both consumers' 256 threads
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
@@ -82,14 +90,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int h0 = blockIdx.y * kHB;
     const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
-    const int n_blocks = (n_slots + kBN - 1) / kBN;
-    const int n_iters = (n_blocks + 1) / 2;
+    const int n_iters = (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kNBuf; ++i) {
             mbar_init(ready_bar + i, 128);
-            mbar_init(free_bar + i, 128);
+            mbar_init(free_bar + i, 256);
         }
     }
     __syncthreads();
@@ -108,45 +115,47 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 const int id = wtid + i * 128;
                 const int r = id / 64, c = id % 64;
                 const bool ok = h0 + r < p.H;
-                cp_async16_to(q_base + (c / 8) * kGroupBytes + sw128(r, c % 8), ok ? q_row + (h0 + r) * p.q_sh + c * 8 : p.q, ok);
+                cp_async16_to(q_base + (c / 8) * kQGroupBytes + sw128(r, c % 8), ok ? q_row + (h0 + r) * p.q_sh + c * 8 : p.q, ok);
             }
             mbar_cp_async_arrive(q_bar);
             mbar_arrive(q_bar);
         }
-        // Block rows: thread t loads chunk j = t % 8 of rows t / 8 + 16 i, i < 4, in every group.
+        // Slot keys come in chunks of 1024 slots, all of a chunk's index loads in flight at
+        // once (one memory latency per chunk, not per block), into shared memory that only
+        // the producer reads. Block rows: thread t loads chunk j = t % 8 of rows t / 8 and
+        // t / 8 + 16 in every group.
+        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
         const int j = wtid % 8, r_base = wtid / 8;
-        int keys[2][4];  // the current iteration's keys of this thread's rows, per buffer
-        auto fetch = [&](int it) {
+        const int n_blocks = 2 * n_iters;
+        for (int blk = 0; blk < n_blocks; ++blk) {
+            const int slot0 = blk * kBN;
+            if (slot0 % kChunk == 0) {
+                if (slot0 > 0) named_sync(5, 128);  // every producer thread is done with the last chunk
+                int k[kChunk / 128];
 #pragma unroll
-            for (int buf = 0; buf < 2; ++buf)
+                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) keys[buf][i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, (2 * it + buf) * kBN + r_base + 16 * i, false);
-        };
-        if (n_iters > 0) fetch(0);
-        for (int it = 0; it < n_iters; ++it) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-#pragma unroll
-                for (int buf = 0; buf < 2; ++buf) {
-                    if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
-                    if (half == 0 && j == 0) {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[buf][i];
-                    }
-                    const u32 dst = kv_base + buf * kTileBytes + half * 4 * kGroupBytes;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int r = r_base + 16 * i;
-                        const int key = keys[buf][i];
-                        const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
-#pragma unroll
-                        for (int gg = 0; gg < 4; ++gg) cp_async16_to(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
-                    }
-                    mbar_cp_async_arrive(ready_bar + buf * 2 + half);
-                    mbar_arrive(ready_bar + buf * 2 + half);
-                }
+                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+                named_sync(5, 128);
             }
-            if (it + 1 < n_iters) fetch(it + 1);
+            const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
+            const int buf = blk % kNBuf;
+            if (blk >= kNBuf) mbar_wait(free_bar + buf, ((blk / kNBuf) - 1) & 1);
+            if (j == 0) {
+                keys_s[buf * kBN + r_base] = keys[0];
+                keys_s[buf * kBN + r_base + 16] = keys[1];
+            }
+            const u32 dst = kv_base + buf * kBlockBytes;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = r_base + 16 * i;
+                const int key = keys[i];
+                const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + j * 8 : p.kv;
+#pragma unroll
+                for (int gg = 0; gg < 8; ++gg) cp_async16_to(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+            }
+            mbar_cp_async_arrive(ready_bar + buf);
+            mbar_arrive(ready_bar + buf);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
@@ -154,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     // ---------------- consumers ----------------
     regs_inc<232>();
-    const int cw = wg - 1;  // this consumer's buffer and O column half
+    const int cw = wg - 1;  // this consumer's block of each pair and O column half
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
@@ -169,33 +178,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
     mbar_wait(q_bar, 0);
-    const u32 my_kv = kv_base + cw * kTileBytes, other_kv = kv_base + (1 - cw) * kTileBytes;
 
     for (int it = 0; it < n_iters; ++it) {
-        const u32 par = it & 1;
-        // S = Q K^T over the 8 column groups (two halves, each with its own barrier).
-        float sc[32];
-        mbar_wait(ready_bar + cw * 2 + 0, par);
+        const int my_blk = 2 * it + cw, other_blk = 2 * it + 1 - cw;
+        const u32 par = (my_blk / kNBuf) & 1;  // the same for both blocks of the pair
+        const u32 my_kv = kv_base + (my_blk % kNBuf) * kBlockBytes;
+        const u32 other_kv = kv_base + (other_blk % kNBuf) * kBlockBytes;
+        // S = Q K^T over the 8 column groups.
+        float sc[16];
+        mbar_wait(ready_bar + my_blk % kNBuf, par);
         fence_proxy_async();
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 32; ++ks) {
-            if (ks == 16) {
-                mbar_wait(ready_bar + cw * 2 + 1, par);
-                fence_proxy_async();
-            }
-            const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            wgmma_m64n64k16_ss<0>(sc, sw128_desc(q_base + off, 16, 1024), sw128_desc(my_kv + off, 16, 1024), ks > 0);
+            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), sw128_desc(my_kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024), ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sc);
 
         // Scale, mask, this block's row maxima -> exchange with the other consumer.
-        const int* keys = keys_s + cw * kBN;
+        const int* keys = keys_s + (my_blk % kNBuf) * kBN;
         float pm0 = neg_inf(), pm1 = neg_inf();
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
+        for (int jj = 0; jj < 4; ++jj) {
             const int col = 8 * jj + 2 * c4;
             const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
             sc[4 * jj + 0] = v0 ? sc[4 * jj + 0] * s_scale : neg_inf();
@@ -217,15 +223,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         const float mn0 = fmaxf(m0, fmaxf(pm0, max_s[(1 - cw) * kHB + r0]));
         const float mn1 = fmaxf(m1, fmaxf(pm1, max_s[(1 - cw) * kHB + r1]));
         const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        const bool moved = mn0 != m0 || mn1 != m1;
         m0 = mn0;
         m1 = mn1;
 
         // P = exp2(S - m): registers (A of P V) and shared memory (for the other consumer).
-        u32 pa[4][4];
+        u32 pa[2][4];
         float ps0 = 0.0f, ps1 = 0.0f;
         const u32 my_p = p_base + cw * kPBytes;
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
+        for (int jj = 0; jj < 4; ++jj) {
             const float e0 = exp2f(sc[4 * jj + 0] - mn0), e1 = exp2f(sc[4 * jj + 1] - mn0);
             const float e2 = exp2f(sc[4 * jj + 2] - mn1), e3 = exp2f(sc[4 * jj + 3] - mn1);
             ps0 += e0 + e1;
@@ -238,30 +245,32 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         }
         l0 = l0 * al0 + ps0;
         l1 = l1 * al1 + ps1;
+        if (__any_sync(DSV4_FULL_MASK, moved)) {
 #pragma unroll
-        for (int i = 0; i < 128; i += 4) {
-            o[i + 0] *= al0;
-            o[i + 1] *= al0;
-            o[i + 2] *= al1;
-            o[i + 3] *= al1;
+            for (int i = 0; i < 128; i += 4) {
+                o[i + 0] *= al0;
+                o[i + 1] *= al0;
+                o[i + 2] *= al1;
+                o[i + 3] *= al1;
+            }
         }
         fence_proxy_async();
         named_sync(2, 256);  // both P tiles written
 
         // O[:, my half] += P_c V_c + P_other V_other (V: N-major, this consumer's 4 groups).
-        mbar_wait(ready_bar + (1 - cw) * 2 + cw, par);  // done already (the other consumer waited); orders its data for this thread
+        mbar_wait(ready_bar + other_blk % kNBuf, par);  // done already (the other consumer waited); orders its data for this thread
         fence_proxy_async();
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], sw128_desc(my_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], sw128_desc(my_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
         const u32 other_p = p_base + (1 - cw) * kPBytes;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, sw128_desc(other_p + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(o, sw128_desc(other_p + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
-        mbar_arrive(free_bar + 0 * 2 + cw);
-        mbar_arrive(free_bar + 1 * 2 + cw);
+        mbar_arrive(free_bar + my_blk % kNBuf);
+        mbar_arrive(free_bar + other_blk % kNBuf);
     }
 
     // Row sums: this thread's quad, then the two consumers.
@@ -280,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     // out = O / l staged as bf16 in the Q area (SW128), then 16-byte coalesced stores.
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
-        const u32 grp = q_base + (cw * 4 + jj / 8) * kGroupBytes;
+        const u32 grp = q_base + (cw * 4 + jj / 8) * kQGroupBytes;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0)) : "memory");
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1)) : "memory");
     }
@@ -291,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         const int r = id / 32, cc = id % 32;
         if (h0 + r < p.H) {
             uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(q_base + (cw * 4 + cc / 8) * kGroupBytes + sw128(r, cc % 8)) : "memory");
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(q_base + (cw * 4 + cc / 8) * kQGroupBytes + sw128(r, cc % 8)) : "memory");
             *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
         }
     }

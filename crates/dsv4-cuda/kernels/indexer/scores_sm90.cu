@@ -1,0 +1,325 @@
+// Lightning-indexer scores on Hopper tensor cores (wgmma), SPEC.md section 2:
+//
+//   score[b,s,p] = scale * sum_h w[b,s,h] * relu(<q[b,s,h,:], kv[b,p,:]>)   if p < (query_start+s+1)/r
+//                = -inf                                                      otherwise
+//
+// dsv4-archs: sm_90a
+// dsv4-test-defines: IDX_FUSED=1
+// dsv4-test-defines: IDX_H=16 IDX_D=64
+// dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
+// dsv4-test-defines: IDX_H=32 IDX_D=128
+//
+// Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
+// bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
+// shared memory once per warpgroup instruction, 64 x N x 16 per issue.
+//
+// Orientation: D = A B with M = 64 pooled keys (A = the key tile kv[64][D], K-major) and
+// N = BQ x HPAD = (4 queries) x (heads, padded to 16/32/64) (B = the CTA's q rows, K-major,
+// row n = query n / HPAD, head n % HPAD). A thread's accumulator columns are heads of the
+// same queries for two keys (rows r and r+8, r = 16 * warp + lane / 4): the weighted relu
+// and the head sum are register FMAs over its 2 * HPAD / 8 heads per query, then a
+// reduce-scatter over the 4 lanes of a quad (6 shuffles) leaves lane c with query c's
+// two scores. No cross-warp reduction at all.
+//
+// CTA = one consumer warpgroup (warps 0-3: wgmma + epilogue) + one producer warp (warp 4:
+// cp.async of key tiles into a 2-stage ring, full/empty mbarriers). The q block (64 KB at
+// H = 64, D = 128) and the ring (2 x 16 KB) take ~100 KB: two CTAs per SM, so one CTA's
+// epilogue (and, fused, its top-k selection) runs while the other's wgmma work keeps the
+// tensor cores busy. BQ = 4 queries share every key tile (L2 traffic: each key tile is
+// read once per 4 queries, ~2 GB at S = 16384 instead of ~4 GB with 2).
+//
+// Operands are stored in the 128-byte swizzle of hopper.cuh (SW128): the head dim splits
+// into groups of 64 (DG groups), a group is rows of 128 bytes, 16-byte chunk j of row r at
+// chunk j ^ (r % 8). k16 step ks reads group ks / 4 at +32 bytes per step (ks % 4).
+// cp.async copies are generic-proxy writes: the producer waits for its own copies
+// (cp.async.wait_group), fences them to the async proxy (fence.proxy.async), then arrives
+// on the stage's full barrier (the pattern of hopper.cuh: the writing thread fences
+// before the barrier that publishes). The consumer releases a stage after its wgmma group
+// has completed (wgmma.wait_group 0).
+//
+// Modes (one code path for the scores, so dense and fused values are bitwise equal):
+// - dense (IDX_FUSED=0): one work item (query block) per CTA; each query's row of P
+//   scores goes to `out` (-inf at invisible keys, and past the last computed tile).
+// - fused (IDX_FUSED=1, the lightning indexer's forward): a persistent grid (two CTAs per
+//   SM); each CTA walks query blocks (heaviest first), writes its queries' visible scores
+//   to its own slot of the scratch `rows` [grid, BQ, P] f32 (stays in L2: 64 KB a CTA at
+//   P = 4096, 17 MB for the grid), then selects each query's top-k with select.cuh (the same selection as
+//   topk.cu / scores.cu: same tie rules, same outputs for the same scores). Before the
+//   selection, the row's order-preserving keys are cached in shared memory over the q
+//   block and key ring, which are idle by then (rows longer than that region are read
+//   from the scratch at every pass). The [B,S,P] scores are never materialised.
+// The gather mode (indexer_topk_scores) stays on scores.cu.
+//
+// Compile-time shape: IDX_H heads (<= 64), IDX_D head dim (<= 128; rows are zero-padded
+// to a group of 64 and the k loop stops at round_up(D, 16)). The host (src/indexer.rs,
+// `Sm90Tiles`) mirrors the shared-memory size.
+#include "indexer/params.cuh"
+#include "indexer/mma.cuh"
+#include "indexer/select.cuh"
+#include "hopper.cuh"
+#include "wgmma.cuh"
+
+#ifndef IDX_H
+#define IDX_H 64
+#endif
+#ifndef IDX_D
+#define IDX_D 128
+#endif
+#ifndef IDX_FUSED
+#define IDX_FUSED 0
+#endif
+
+namespace {
+
+using namespace dsv4;
+using namespace dsv4::indexer;
+using namespace dsv4::hopper;
+
+constexpr int H = IDX_H;
+constexpr int D = IDX_D;
+static_assert(H >= 1 && H <= 64, "scores_sm90: H <= 64 (N = 4 queries x padded heads <= 256)");
+static_assert(D >= 1 && D <= 128, "scores_sm90: D <= 128 (two SW128 groups)");
+constexpr bool FUSED = IDX_FUSED != 0;
+
+constexpr int HPAD = H <= 16 ? 16 : H <= 32 ? 32 : 64;  // heads padded: N = 64, 128 or 256
+constexpr int BQ = 4;                                     // queries per CTA = lanes of a quad
+constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of the CTA
+constexpr int JQ = HPAD / 8;                              // 8-column accumulator blocks per query
+constexpr int NACC = NROWS / 2;                           // accumulator registers a thread
+constexpr int BM = 64;                                    // pooled keys per tile (wgmma M)
+constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 along the head dim
+constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
+constexpr int DCHP = DG * 8;                              // 16-byte chunks of a stored row (tail zero)
+constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
+constexpr int ST = 2;                                     // key-tile ring stages
+constexpr int NCONS = 128;                                // consumer warpgroup
+constexpr int NTHREADS = NCONS + 32;                      // + producer warp
+
+// Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
+// in src/indexer.rs (which adds 1024 for the alignment of the base):
+//   sq [DG][NROWS][128 B] | skv [ST][DG][BM][128 B] | sw [NROWS] f32 | full[ST], empty[ST] u64 (64 B)
+// and, fused only: SelectSmem (2304) | sort [sort_cap] u64. The fused selection's key
+// cache [P] u32 overlays sq + skv (CACHE_BYTES) once the wgmma work of a block is done.
+constexpr int SQ_GROUP = NROWS * 128;
+constexpr int SQ_BYTES = DG * SQ_GROUP;
+constexpr int SKV_GROUP = BM * 128;
+constexpr int SKV_STAGE = DG * SKV_GROUP;
+constexpr int OFF_KV = SQ_BYTES;
+constexpr int OFF_W = OFF_KV + ST * SKV_STAGE;
+constexpr int OFF_BAR = OFF_W + NROWS * 4;
+constexpr int OFF_SEL = OFF_BAR + 64;
+constexpr int CACHE_BYTES = OFF_W;
+static_assert(SQ_GROUP % 1024 == 0 && SKV_GROUP % 1024 == 0, "SW128 tiles must stay 1024-byte aligned");
+static_assert(OFF_BAR % 8 == 0 && 2 * ST * 8 <= 64, "barrier block");
+
+// acc (64 keys x N q rows) (+)= A B for one k16 step (a template so that only the
+// instruction of this N is instantiated).
+template <int N>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[N / 2], u64 desc_a, u64 desc_b, int scale_d) {
+    if constexpr (N == 256) {
+        wgmma_m64n256k16_ss<0>(acc, desc_a, desc_b, scale_d);
+    } else if constexpr (N == 128) {
+        wgmma_m64n128k16_ss<0>(acc, desc_a, desc_b, scale_d);
+    } else {
+        wgmma_m64n64k16_ss<0>(acc, desc_a, desc_b, scale_d);
+    }
+}
+
+}  // namespace
+
+// Two CTAs per SM: 10 warps, which ptxas caps at 168 registers a thread (128 of them the
+// accumulators at N = 256; no spills in either mode, see tests/nvrtc_compile.rs).
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(const IndexerScoresParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // SW128 tiles need a 1024-byte aligned base (the swizzle is on address bits 4-9).
+    const u32 raw_addr = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+    const u32 sq_addr = smem_u32(smem);
+    const u32 skv_addr = sq_addr + OFF_KV;
+    float* sw = reinterpret_cast<float*>(smem + OFF_W);  // [BQ][HPAD] weights, 0 for padding
+    u64* full = reinterpret_cast<u64*>(smem + OFF_BAR);  // [ST]: the producer's 32 lanes arrive
+    u64* empty = full + ST;                              // [ST]: the 128 consumer threads arrive
+    SelectSmem& ssel = *reinterpret_cast<SelectSmem*>(smem + OFF_SEL);  // fused only
+    u64* ssort = reinterpret_cast<u64*>(smem + OFF_SEL + sizeof(SelectSmem));
+    u32* scache = reinterpret_cast<u32*>(smem);  // fused selection: keys of one row, over sq + skv
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const float neg_inf = -__int_as_float(0x7f800000);
+
+    if (tid == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(&full[s], 32);
+            mbar_init(&empty[s], NCONS);
+        }
+    }
+    // (published by the first barrier of the loop)
+
+    // Work items: (batch row, query block of BQ), heaviest (last) blocks first so that a
+    // wave ends on light items. Dense: one item per CTA; fused: grid-stride (persistent).
+    const int n_blk = (p.s_count + BQ - 1) / BQ;
+    const i64 n_items = static_cast<i64>(n_blk) * p.B;
+    float* slot = FUSED ? p.rows + static_cast<i64>(blockIdx.x) * BQ * p.P : nullptr;  // [BQ][P]
+    u32 tiles_done = 0;  // key tiles this CTA has pushed through the ring (phase bookkeeping)
+
+    for (i64 item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const i64 b = item % p.B;
+        const int blk = n_blk - 1 - static_cast<int>(item / p.B);
+        const i64 s0 = static_cast<i64>(p.s_begin) + static_cast<i64>(blk) * BQ;  // first query
+        const int nq = static_cast<int>(min(static_cast<i64>(BQ), static_cast<i64>(p.s_begin) + p.s_count - s0));
+        // Keys visible to the block's last query: the tiles this block computes.
+        const i64 n_keys = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + nq - 1, p.compress_ratio));
+        const int n_tiles = static_cast<int>((n_keys + BM - 1) / BM);
+
+        if (!FUSED) {
+            // Keys past the last computed tile: -inf for every query of the block.
+            for (int qi = 0; qi < nq; ++qi) {
+                float* row = p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
+                for (i64 key = static_cast<i64>(n_tiles) * BM + tid; key < p.P; key += NTHREADS) row[key] = neg_inf;
+            }
+        }
+        __syncthreads();  // the previous item's wgmma reads of sq and selection are done (and the barriers initialised)
+
+        // ---- q rows of the block -> sq (SW128, zero rows for padded heads / missing
+        //      queries, zero tail chunks), weights -> sw --------------------------------
+        for (int e = tid; e < NROWS * DCHP; e += NTHREADS) {
+            const int c = e % DCHP, row = e / DCHP;
+            const int qi = row / HPAD, h = row % HPAD;
+            const bool valid = qi < nq && h < H && c < DCH;
+            const bf16* src = valid ? p.q + b * p.q_sb + (s0 + qi) * p.q_ss + h * p.q_sh + c * 8 : p.q;
+            cp_async16_to(sq_addr + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
+        }
+        cp_async_commit();
+        for (int e = tid; e < NROWS; e += NTHREADS) {
+            const int qi = e / HPAD, h = e % HPAD;
+            sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
+        __syncthreads();
+
+        if (warp == NCONS / 32) {
+            // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
+            for (int t = 0; t < n_tiles; ++t) {
+                const u32 g = tiles_done + t;
+                const int st = static_cast<int>(g % ST);
+                mbar_wait(&empty[st], ((g / ST) & 1u) ^ 1u);  // stage free (fresh barrier: passes)
+                const u32 dst = skv_addr + st * SKV_STAGE;
+                for (int e = lane; e < BM * DCHP; e += 32) {
+                    const int c = e % DCHP, row = e / DCHP;
+                    const i64 key = static_cast<i64>(t) * BM + row;
+                    const bool valid = key < n_keys && c < DCH;  // rows past the visible keys: zeros
+                    const bf16* src = valid ? p.kv + b * p.kv_sb + key * p.kv_sp + c * 8 : p.kv;
+                    cp_async16_to(dst + (c / 8) * SKV_GROUP + sw128(row, c % 8), src, valid);
+                }
+                cp_async_commit();
+                if (t > 0) {  // the previous tile has landed: publish it
+                    cp_async_wait<1>();
+                    fence_proxy_async();
+                    mbar_arrive(&full[(g - 1) % ST]);
+                }
+            }
+            if (n_tiles > 0) {
+                cp_async_wait<0>();
+                fence_proxy_async();
+                mbar_arrive(&full[(tiles_done + n_tiles - 1) % ST]);
+            }
+        } else if (warp < NCONS / 32) {
+            // ---- consumer warpgroup: acc[key][q row] = kv_tile q^T, then the epilogue ----
+            const int g8 = lane >> 2, c4 = lane & 3;
+            const int r = 16 * warp + g8;  // this thread's keys in the tile: r and r + 8
+            // Query c4 of the block: its output row and visible keys (lane c4 writes it).
+            const bool q_live = c4 < nq;
+            const i64 sq_pos = s0 + c4;
+            const i64 vis = q_live ? min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + sq_pos, p.compress_ratio)) : 0;
+            float* out_row = !q_live ? nullptr : FUSED ? slot + static_cast<i64>(c4) * p.P : p.out + b * p.out_sb + (sq_pos - p.s_begin) * p.out_ss;
+            float acc[NACC];
+#pragma unroll
+            for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+            for (int t = 0; t < n_tiles; ++t) {
+                const u32 g = tiles_done + t;
+                const int st = static_cast<int>(g % ST);
+                mbar_wait(&full[st], (g / ST) & 1u);
+                const u32 a_base = skv_addr + st * SKV_STAGE;
+                __syncwarp();
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
+                    u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + koff;
+                    asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
+                    const u64 da = sw128_desc(a_lo, 16, 1024);
+                    const u64 db = sw128_desc(b_lo, 16, 1024);
+                    wgmma_tile<NROWS>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(acc);
+                mbar_arrive(&empty[st]);  // this thread's part of the stage is read
+
+                // part[qi][0|1] = sum over this lane's heads of w[qi][h] * relu(acc[key r | r+8][qi, h])
+                float lo[BQ], hi[BQ];
+#pragma unroll
+                for (int qi = 0; qi < BQ; ++qi) {
+                    lo[qi] = 0.0f;
+                    hi[qi] = 0.0f;
+#pragma unroll
+                    for (int jj = 0; jj < JQ; ++jj) {
+                        const int j = qi * JQ + jj;  // columns 8j + 2c4, +1: heads 8jj + 2c4, +1 of query qi
+                        const float2 wv = *reinterpret_cast<const float2*>(sw + qi * HPAD + 8 * jj + 2 * c4);
+                        lo[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 0], 0.0f), lo[qi]);
+                        lo[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 1], 0.0f), lo[qi]);
+                        hi[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 2], 0.0f), hi[qi]);
+                        hi[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 3], 0.0f), hi[qi]);
+                    }
+                }
+                // Reduce-scatter over the quad: lane c4 ends with query c4's sums.
+                // Step 1 (lanes c4 ^ 2): keep queries {2*b1, 2*b1+1}, send the other two.
+                const bool b1 = (c4 & 2) != 0, b0 = (c4 & 1) != 0;
+                float u_lo[2], u_hi[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const float send_lo = b1 ? lo[i] : lo[2 + i], keep_lo = b1 ? lo[2 + i] : lo[i];
+                    const float send_hi = b1 ? hi[i] : hi[2 + i], keep_hi = b1 ? hi[2 + i] : hi[i];
+                    u_lo[i] = keep_lo + __shfl_xor_sync(DSV4_FULL_MASK, send_lo, 2);
+                    u_hi[i] = keep_hi + __shfl_xor_sync(DSV4_FULL_MASK, send_hi, 2);
+                }
+                // Step 2 (lanes c4 ^ 1): keep query 2*b1 + b0.
+                const float s_lo = (b0 ? u_lo[1] : u_lo[0]) + __shfl_xor_sync(DSV4_FULL_MASK, b0 ? u_lo[0] : u_lo[1], 1);
+                const float s_hi = (b0 ? u_hi[1] : u_hi[0]) + __shfl_xor_sync(DSV4_FULL_MASK, b0 ? u_hi[0] : u_hi[1], 1);
+
+                if (q_live) {
+                    const i64 key_lo = static_cast<i64>(t) * BM + r, key_hi = key_lo + 8;
+                    // Dense: every key of a computed tile below P (-inf when invisible).
+                    // Fused: only the visible keys (the selection reads nothing else).
+                    if (key_lo < vis) out_row[key_lo] = p.scale * s_lo;
+                    else if (!FUSED && key_lo < p.P) out_row[key_lo] = neg_inf;
+                    if (key_hi < vis) out_row[key_hi] = p.scale * s_hi;
+                    else if (!FUSED && key_hi < p.P) out_row[key_hi] = neg_inf;
+                }
+            }
+        }
+        tiles_done += static_cast<u32>(n_tiles);
+
+        if (FUSED) {
+            // ---- each query's top-k from its row of scores (select.cuh) -----------------
+            // The barrier publishes the rows (global writes of the consumers) and ends the
+            // block's use of sq / skv: every wgmma group was waited on, every copy landed.
+            __syncthreads();
+            const bool cached = static_cast<i64>(p.P) * 4 <= CACHE_BYTES;  // block-uniform
+            for (int qi = 0; qi < nq; ++qi) {
+                const float* row = slot + static_cast<i64>(qi) * p.P;
+                const i64 o = b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
+                const int vis = static_cast<int>(min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + qi, p.compress_ratio)));
+                if (cached) {
+                    for (int i = tid; i < vis; i += NTHREADS) scache[i] = score_key(row[i]);
+                }
+                // select_topk_row begins with a barrier (publishes the cache) and ends with
+                // one (the next row may overwrite it).
+                select_topk_row<NTHREADS>([&](int i) { return cached ? scache[i] : score_key(row[i]); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
+            }
+        } else {
+            break;  // dense: the grid has one CTA per item (and the loop state is not kept live)
+        }
+    }
+}
