@@ -110,7 +110,7 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
     out
 }
 
-fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize) -> Result<()> {
+fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool) -> Result<()> {
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -141,6 +141,9 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     pargs.indices = SparseIndices::Plan(&plan);
     let ms = bn.time(|| sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut()))?;
     bn.flops("sparse_attention fwd (plan)", &shape, ms, fwd_flops, "");
+    if fwd_only {
+        return Ok(());
+    }
     let mut ms_bwd = [0.0; 2];
     for (i, imp) in [BackwardImpl::Atomic, BackwardImpl::Deterministic].into_iter().enumerate() {
         let mut bw = SparseAttentionBwdArgs::new(pargs.clone(), out.view(), lse.view(), dout.view());
@@ -307,19 +310,20 @@ pub fn main(args: &[String]) -> Result<bool> {
     let what = args.first().map(String::as_str).unwrap_or("all");
     let json = args.iter().any(|a| a == "--json");
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
+    let fwd_only = args.iter().any(|a| a == "--fwd-only");
     let mut bn = Bench::new(iters)?;
     let mut rng = Rng(42);
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {
         for s in [4096, 16384] {
-            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512)?;
+            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only)?;
         }
         for h in [16, 32, 128] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512)?;
+            bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only)?;
         }
         for d in [128, 256] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d)?;
+            bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only)?;
         }
         ran = true;
     }

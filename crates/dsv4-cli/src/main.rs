@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   dsv4 check [--backend auto|reference|cuda] [--preset tiny|small|medium] [--seed N]
       every operation forward and backward through the backend, judged against an f64
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
-  dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N]
+  dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
       GPU timings (CUDA events, medians) against the measured H200 ceilings
   dsv4 info
       backends and devices this process sees";

@@ -152,6 +152,24 @@ pub fn gpu(ordinal: usize) -> Result<&'static Gpu> {
     Ok(g)
 }
 
+/// `DSV4_EXTRA_DEFINES` parsed once: `NAME=VALUE` pairs separated by commas (a bare
+/// `NAME` means `NAME=1`).
+fn extra_defines() -> &'static [(String, String)] {
+    static EXTRA: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    EXTRA.get_or_init(|| {
+        std::env::var("DSV4_EXTRA_DEFINES")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| match s.split_once('=') {
+                Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
+                None => (s.to_string(), "1".to_string()),
+            })
+            .collect()
+    })
+}
+
 /// Number of CUDA devices (0 when the driver is missing or reports none).
 pub fn device_count() -> Result<usize> {
     driver_library().map_err(Error::Cuda)?;
@@ -229,7 +247,19 @@ impl Gpu {
     }
 
     /// Compile (or fetch from cache) `source` with `defines` and return its `entry`.
+    ///
+    /// `DSV4_EXTRA_DEFINES="NAME=VALUE,..."` adds defines to every kernel compiled by this
+    /// process (a tuning knob: the variants a kernel file documents, timed by `dsv4 bench`
+    /// without a rebuild). The names are part of the cache key like any define.
     pub fn kernel(&self, source: &str, entry: &str, defines: &[(&str, String)]) -> Result<Kernel> {
+        let extra = extra_defines();
+        let with_extra: Vec<(&str, String)>;
+        let defines = if extra.is_empty() {
+            defines
+        } else {
+            with_extra = defines.iter().cloned().chain(extra.iter().map(|(k, v)| (k.as_str(), v.clone()))).collect();
+            &with_extra
+        };
         let mkey: ModuleKey = (source.to_string(), defines.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
         let key = (mkey.clone(), entry.to_string());
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {

@@ -574,7 +574,9 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let tiles = check_supported(OP_BWD, Pass::Bwd, gpu, dm, &[("q", &f.q), ("kv", &f.kv), ("out", &a.out), ("dout", &a.dout)])?;
     let src = index_source(OP_BWD, &f.indices, dm)?;
     let deterministic = a.backward_impl == BackwardImpl::Deterministic;
-    let n_hblk = tiles.head_blocks(dm.h);
+    // The Hopper kernel (bwd_sm90.cu) takes 64 heads a CTA; the portable one its tile's.
+    let hopper = use_hopper_bwd(gpu, kernel_d(dm.d), f.reference_rounding) && dm.h.div_ceil(SA90_BWD_HEADS) <= 65_535;
+    let n_hblk = bwd_head_blocks(hopper, &tiles, dm.h);
     let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes);
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
         return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least T*(n_head_blocks*D + 1)*4 = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
@@ -597,8 +599,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let out = rows_input(gpu, &a.out, dp)?;
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
-        let smem = bwd_smem_bytes(dp, tiles.hb, tiles.bn);
-        let k = gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?;
+        let (smem, k, block) = if hopper {
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[])?, [384u32, 1, 1])
+        } else {
+            (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
+        };
         let mut p = BwdParams {
             q: q.ptr,
             kv: kv.ptr,
@@ -645,19 +650,20 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             sm_scale: f.sm_scale,
             pad_: 0,
         };
-        let block = [tiles.threads(dp) as u32, 1, 1];
         let chunks = dm.b * n_hblk * dm.s;
         if chunks > i32::MAX as usize {
             return Err(unavailable(OP_BWD, format!("B * head blocks * S = {chunks} CTAs exceed int32")));
         }
         if !deterministic {
+            let grid = if hopper { [rows as u32, n_hblk as u32, 1] } else { [chunks as u32, 1, 1] };
             // SAFETY: as the forward's launch for q, kv, the index source; out and dout
             // pass the same row rules (`rows_input`); lse is a validated [B,S,H] f32 view
             // read through its strides; dq is a contiguous [B,S,H,D] output; `dkv` is the
             // zeroed [B,K,D] f32 accumulator and `dsinks_part` [B*S,H] f32, both live
             // until the end of this function (stream-ordered frees); chunk c covers
-            // exactly one row, c < B*n_hblk*S = the grid.
-            unsafe { k.launch([chunks as u32, 1, 1], block, smem as u32, &p)? };
+            // exactly one row, c < B*n_hblk*S = the grid. Hopper: CTA (x, y) owns row x < B*S
+            // (chunk_base = 0) and heads [64y, 64y + 64), y < n_hblk = ceil(H/64).
+            unsafe { k.launch(grid, block, smem as u32, &p)? };
         } else {
             // Waves of rows: the main kernel stores each valid slot's dkv contribution, an
             // inverted index lists each key's (row, slot) entries in order, and the reduce
@@ -714,10 +720,12 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     unsafe { fill.launch([n_rb as u32, 1, 1], [32, 1, 1], 0, &ip)? };
                 }
                 p.chunk_base = r0 as i32;
+                let grid = if hopper { [n as u32, n_hblk as u32, 1] } else { [(n * n_hblk) as u32, 1, 1] };
                 // SAFETY: as the atomic launch, except that CTA i owns row r0 + i / n_hblk
                 // (< B*S) and head block i % n_hblk, and stores its valid slots' dkv rows to
                 // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows).
-                unsafe { k.launch([(n * n_hblk) as u32, 1, 1], block, smem as u32, &p)? };
+                // Hopper: CTA (x, y) owns row r0 + x and head block y < n_hblk.
+                unsafe { k.launch(grid, block, smem as u32, &p)? };
                 if index {
                     // SAFETY: colptr/entries as built above index rows of `contrib` written by
                     // the main kernel (every valid slot of the wave's rows, every head block);
@@ -754,6 +762,33 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // (rows > 0) or none read (rows == 0); dsinks is a contiguous [H] f32 output; one CTA
     // per head (H fits in int32).
     unsafe { ds.launch([dm.h as u32, 1, 1], [256, 1, 1], 0, &d) }
+}
+
+/// Heads per CTA of `bwd_sm90.cu` (its wgmma M).
+pub const SA90_BWD_HEADS: usize = 64;
+
+/// Dynamic shared memory of `bwd_sm90.cu` (`kSa90BwdSmemBytes`: Q and dO, a ring of two
+/// 32-key K/V blocks, the dS, P^T and dS^T tiles, the ring's slot keys, lse and delta, the
+/// nonempty-row flag, the producer's 1024 slot keys, barriers, 1024 bytes of alignment slack).
+pub const SA90_BWD_SMEM_BYTES: usize = 2 * 64 * 1024 + 2 * 32 * 1024 + 3 * 8 * 1024 + 256 + 2 * 256 + 16 + 4096 + 5 * 8 + 1024;
+const _: () = assert!(SA90_BWD_SMEM_BYTES == 227_128, "bwd_sm90.cu asserts the same number");
+
+/// Whether the backward runs the Hopper kernel: an sm_90a device (and not DSV4_PORTABLE=1),
+/// kernel head dim 512, the default exp2 arithmetic (`reference_rounding` runs the portable
+/// kernel's natural-exp variant).
+pub fn use_hopper_bwd(gpu: &Gpu, dp: usize, reference_rounding: bool) -> bool {
+    gpu.hopper() && dp == 512 && !reference_rounding && SA90_BWD_SMEM_BYTES <= gpu.props().max_shared_per_block_optin as usize
+}
+
+/// Head blocks of the backward kernel that runs: 64 heads a CTA on the Hopper path, the
+/// portable tile's `hb` otherwise. The deterministic contributions are `[rows, T, n_hblk,
+/// D]`, so the workspace and its waves are sized with this number.
+pub fn bwd_head_blocks(hopper: bool, tiles: &Tiles, h: usize) -> usize {
+    if hopper {
+        h.div_ceil(SA90_BWD_HEADS)
+    } else {
+        tiles.head_blocks(h)
+    }
 }
 
 /// How the deterministic backward splits its rows: waves of `wave_rows` consecutive rows
@@ -887,5 +922,25 @@ mod tests {
         assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1).wave_rows, 0);
         // No slots: every row in one wave.
         assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1).wave_rows, 2048);
+    }
+
+    #[test]
+    fn backward_head_blocks_follow_the_kernel() {
+        // Hopper: 64 heads a CTA whatever the portable tile.
+        let t = choose_tiles(Pass::Bwd, 512, 64, 232_448).unwrap();
+        assert!(t.hb < 64, "the portable D = 512 backward tile holds fewer than 64 heads: {t:?}");
+        for (h, want) in [(1usize, 1usize), (17, 1), (64, 1), (65, 2), (100, 2), (128, 2), (129, 3)] {
+            assert_eq!(bwd_head_blocks(true, &t, h), want, "h = {h}");
+            assert_eq!(bwd_head_blocks(false, &t, h), t.head_blocks(h), "h = {h}");
+        }
+        // Fewer head blocks: a row's contributions are smaller, so more rows fit a wave.
+        let dm = Dims { b: 1, s: 4096, h: 64, d: 512, k: 5120, t: 640 };
+        let ws = 64 << 20;
+        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws);
+        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws);
+        assert_eq!(hop.row_bytes, 640 * (512 + 1) * 4);
+        assert!(hop.wave_rows > port.wave_rows);
+        // The shared-memory layout fits an H100/H200 block.
+        const { assert!(SA90_BWD_SMEM_BYTES <= 232_448) };
     }
 }

@@ -329,6 +329,84 @@ fn small_hopper_forward_d512() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_backward_d512() {
+    // D = 512 (and 480, padded to 512) runs bwd_sm90.cu on an sm_90a device: 64 heads a CTA
+    // (H = 1, 3, 17 padded; 100, 128: two head blocks), slot counts around the 32-key block
+    // and the 64-key pair (0, 1, 31, 32, 33, 63, 64, 65, 130, 640) and past the producer's
+    // 1024-slot key chunk (1100), masked / out-of-range / duplicate slots, empty rows, keys
+    // shared by many rows (K = 40: colliding dkv reductions), i64 indices, plans. Both dkv
+    // modes against the reference (`run_case`); then the deterministic mode bitwise across
+    // reruns, with one wave and with many.
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    println!("hopper backward: {}", dsv4_cuda::sparse_attention::use_hopper_bwd(gpu, 512, false));
+    let mut rng = Rng(23);
+    let mut js = Vec::new();
+    let cases = [(64usize, 0usize, 300usize), (1, 1, 300), (17, 31, 300), (64, 32, 300), (100, 33, 300), (128, 63, 300), (64, 64, 40), (3, 65, 300), (17, 130, 40)];
+    for (i, &(h, t, k)) in cases.iter().enumerate() {
+        let mut c = Case::small(1 + i % 2, 3, h, if i == 4 { 480 } else { 512 }, k, t);
+        c.idx_i64 = i == 5;
+        js.extend(run_case(&mut rng, &c, false, i % 3 == 1));
+    }
+    // DeepSeek-like slot counts: 640 slots (10 pairs) with many duplicates and sinks +-30,
+    // H = 64 and 100; 1100 slots (two key chunks of the producer).
+    for (h, plan) in [(64usize, false), (100, true)] {
+        let c = Case { sink_scale: 30.0, noise: 8, ..Case::small(2, 2, h, 512, 700, 640) };
+        js.extend(run_case(&mut rng, &c, false, plan));
+    }
+    let c = Case { empty_rows: false, ..Case::small(1, 2, 64, 512, 2000, 1100) };
+    js.extend(run_case(&mut rng, &c, false, false));
+    check(js);
+
+    // Deterministic: bitwise equal across reruns, with the default workspace (one wave) and
+    // with room for one row's contributions (a wave per row).
+    use dsv4_cuda::sparse_attention::{bwd_head_blocks, choose_tiles, use_hopper_bwd, Pass};
+    let bits = |t: &Tensor| t.to_f64_vec().unwrap().into_iter().map(f64::to_bits).collect::<Vec<_>>();
+    for c in [Case::small(2, 5, 100, 512, 60, 65), Case { noise: 8, ..Case::small(1, 4, 64, 512, 300, 640) }] {
+        let x = make_inputs(&mut rng, &c);
+        let da = dev_args(&x, SparseIndices::TopK(x.idx_dev.view()), false);
+        let (out, lse) = gpu_forward(&da, &c);
+        let out_h = Tensor::from_f32(out.shape(), out.to_f32_vec().unwrap()).unwrap();
+        let lse_h = lse.to_host().unwrap();
+        let hb = SparseAttentionBwdArgs::new(host_args(&x, false), out_h.view(), lse_h.view(), x.dout.host.view());
+        let (rdq, rdkv, rds) = sparse_attention_backward(BackendName::Reference, &hb).unwrap();
+        let tiles = choose_tiles(Pass::Bwd, 512, c.h, gpu.props().max_shared_per_block_optin as usize).unwrap();
+        let n_hblk = bwd_head_blocks(use_hopper_bwd(gpu, 512, false), &tiles, c.h);
+        let one_row = c.t * (n_hblk * 512 + 1) * 4;
+        let mut js = Vec::new();
+        for ws in [dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row] {
+            let mut first = None;
+            for run in 0..4 {
+                let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
+                db.backward_impl = BackwardImpl::Deterministic;
+                db.backward_workspace_bytes = ws;
+                let (dq, dkv, ds) = gpu_backward(&db, &c);
+                let now = (bits(&dq), bits(&dkv), bits(&ds));
+                match &first {
+                    None => {
+                        let name = format!("{}: deterministic, workspace {ws}", c.name());
+                        js.push(jt(&format!("{name}: dq"), &dq, &rdq, Tolerance::Bf16));
+                        js.push(jt(&format!("{name}: dkv"), &dkv, &rdkv, Tolerance::F32Grad));
+                        js.push(jt(&format!("{name}: dsinks"), &ds, &rds, Tolerance::F32Grad));
+                        first = Some(now);
+                    }
+                    Some(f) => assert!(f == &now, "{}: workspace {ws}: run {run} differs from run 0", c.name()),
+                }
+            }
+        }
+        // One byte short of a row: says so (the message counts this path's head blocks).
+        let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
+        db.backward_impl = BackwardImpl::Deterministic;
+        db.backward_workspace_bytes = one_row - 1;
+        match sparse_attention_backward(BackendName::Cuda, &db) {
+            Err(Error::Unavailable { reason, .. }) => assert!(reason.contains("workspace") && reason.contains(&one_row.to_string()), "{reason}"),
+            other => panic!("expected Unavailable, got {:?}", other.map(|_| ())),
+        }
+        check(js);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
 fn small_head_dims_not_multiple_of_64() {
     // D = 8, 16, 32 (the golden cases), 40, 96, 200: run zero-padded to the next multiple
     // of 64 and cut back; also through a plan and with reference rounding.

@@ -13,8 +13,9 @@
 //        both hold the same running max m; P_c = exp2(S_c - m) goes to registers (A of the
 //        next product) and to shared memory for the other consumer (second barrier).
 //        Consumer c keeps O's columns [256c, 256c + 256) in registers (128 f32 a thread)
-//        and adds P_c V_c + P_{1-c} V_{1-c} over its columns, then frees both buffers
-//        (each buffer's free barrier counts both consumers). The running sums are per
+//        and adds P_c V_c + P_{1-c} V_{1-c} over its columns; the next iteration's S is
+//        issued right behind P V (the tensor cores see no gap between them), and both
+//        buffers are freed once P V is done (each free barrier counts both consumers). The running sums are per
 //        consumer (each adds its own P) and meet at the end. O is rescaled only in warps
 //        where the running max moved.
 // The sink starts the running max (m = sink, l = 1 counted once), so an empty row ends
@@ -179,31 +180,42 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     mbar_wait(q_bar, 0);
 
+    // S = Q K^T of iteration `it` into `sc` (the 8 column groups, 32 k-steps), once the
+    // block has landed; committed as one wgmma group.
+    float sc[16];
+    auto issue_s = [&](int it) {
+        const int blk = 2 * it + cw;
+        mbar_wait(ready_bar + blk % kNBuf, (blk / kNBuf) & 1);
+        fence_proxy_async();
+        wgmma_fence();
+        const u32 kv = kv_base + (blk % kNBuf) * kBlockBytes;
+#pragma unroll
+        for (int ks = 0; ks < 32; ++ks) {
+            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), sw128_desc(kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024), ks > 0);
+        }
+        wgmma_commit();
+    };
+    if (n_iters > 0) issue_s(0);
+
+    // Per iteration the tensor cores run P V of this iteration and S of the next back to
+    // back; the buffers are freed as soon as P V is done (wait_group 1), and the next
+    // iteration starts when its S is.
     for (int it = 0; it < n_iters; ++it) {
         const int my_blk = 2 * it + cw, other_blk = 2 * it + 1 - cw;
         const u32 par = (my_blk / kNBuf) & 1;  // the same for both blocks of the pair
         const u32 my_kv = kv_base + (my_blk % kNBuf) * kBlockBytes;
         const u32 other_kv = kv_base + (other_blk % kNBuf) * kBlockBytes;
-        // S = Q K^T over the 8 column groups.
-        float sc[16];
-        mbar_wait(ready_bar + my_blk % kNBuf, par);
-        fence_proxy_async();
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 32; ++ks) {
-            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), sw128_desc(my_kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024), ks > 0);
-        }
-        wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sc);
 
-        // Scale, mask, this block's row maxima -> exchange with the other consumer.
-        const int* keys = keys_s + (my_blk % kNBuf) * kBN;
+        // Scale, mask (slot validity: one key per lane, ballot), this block's row maxima
+        // -> exchange with the other consumer.
+        const u32 valid = __ballot_sync(DSV4_FULL_MASK, keys_s[(my_blk % kNBuf) * kBN + lane] >= 0);
         float pm0 = neg_inf(), pm1 = neg_inf();
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
             const int col = 8 * jj + 2 * c4;
-            const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
+            const bool v0 = (valid >> col) & 1, v1 = (valid >> (col + 1)) & 1;
             sc[4 * jj + 0] = v0 ? sc[4 * jj + 0] * s_scale : neg_inf();
             sc[4 * jj + 1] = v1 ? sc[4 * jj + 1] * s_scale : neg_inf();
             sc[4 * jj + 2] = v0 ? sc[4 * jj + 2] * s_scale : neg_inf();
@@ -267,7 +279,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(o, sw128_desc(other_p + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
         wgmma_commit();
-        wgmma_wait<0>();
+        if (it + 1 < n_iters) {
+            issue_s(it + 1);
+            wgmma_wait<1>();  // P V done (groups complete in order); S of it + 1 may run on
+        } else {
+            wgmma_wait<0>();
+        }
         fence_regs(o);
         mbar_arrive(free_bar + my_blk % kNBuf);
         mbar_arrive(free_bar + other_blk % kNBuf);

@@ -1,0 +1,413 @@
+// Sparse MQA attention with sinks, backward (SPEC.md section 1), Hopper path (sm_90a):
+// wgmma products fed by a producer warpgroup, for D = 512 and a block of 64 heads. The
+// maths and the output conventions are bwd.cu's (read its header): with
+// p_t = exp(l_t - lse), delta = <dout, out>, dS = sm_scale * P (dP - delta),
+//   dq      = dS K                       (f32 registers, written once per row)
+//   dkv[k] += dS^T Q + P^T dO            (atomic: f32 vector reductions into [B,K,D];
+//                                         deterministic: each valid slot's f32 row stored
+//                                         to contributions [rows of the wave, T, n_hblk, D],
+//                                         summed per key by bwd_reduce.cu)
+//   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
+//
+// dsv4-archs: sm_90a
+//
+// One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
+// P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
+// chunk_base + blockIdx.x (deterministic: the wave's local row blockIdx.x), head block
+// blockIdx.y, n_hblk = gridDim.y. Three warpgroups:
+//   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier), then the row's
+//        slots in blocks of 32 keys gathered by cp.async into a ring of two 32 KiB buffers
+//        (one pair of blocks; the rows are K and V at once: MQA), "ready" / "free"
+//        mbarriers per buffer, slot keys staged per 1024-slot chunk (as fwd_sm90.cu).
+//   WG 1 and WG 2, consumers c = 0, 1: first delta[h] = <dout[h], out[h]> (from global
+//        memory, 4 threads a head) and lse in log2 units into shared memory. In iteration
+//        i consumer c owns block 2i + c (buffer c):
+//          S_c = Q K_c^T, dP_c = dO K_c^T    m64n32k16 SS, 32 k-steps each (K-major)
+//          P_c = exp2(S_c sm_scale log2e - lse2) (masked slots and padded heads: 0),
+//          dS_c = sm_scale P_c (dP_c - delta)
+//        barrier A (the other consumer is done with the previous pair's tiles), then
+//          dS_c   -> dS   [64 heads][64 keys] columns 32c.. (plain stores; A of dq)
+//          P_c^T  -> P^T  [64 keys][64 heads] rows 32c..     (stmatrix .trans; A of dKV)
+//          dS_c^T -> dS^T [64 keys][64 heads] rows 32c..
+//        barrier B (all of the pair's tiles written), then
+//          dq[:, 256c..] += dS_c K_c (RS, own dS in registers) + dS_o K_o (SS)
+//                           (K N-major: the forward's P V), 128 f32 a thread
+//          dKV[pair's 64 keys, 256c..] = dS^T Q + P^T dO   (M = keys, K = heads: 4 k-steps;
+//                           A K-major from the transposed tiles, B = the Q / dO tiles read
+//                           N-major), in chunks of 128 columns (64 f32 a thread), each
+//                           flushed from its accumulators: lanes c4, c4^1 swap halves so
+//                           each lane holds 4 consecutive columns of one key row, one
+//                           16-byte red.global.add.v4.f32 (atomic) or store (deterministic).
+//        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
+//        so the next pair's gathers overlap the dKV products; each thread copies its
+//        flush row's key to a register first (the producer rewrites the slot keys).
+// Why this split: the transposed P^T / dS^T tiles make the dKV product a plain K-major A
+// (no transposed-A wgmma needed) and the non-transposed dS tile gives dq the forward's
+// verified P V form; all descriptors are the forms hopper_probe.cu checks.
+//
+// Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
+// 2 x [32 x 512] 64 KiB, dS, P^T, dS^T 3 x 8 KiB, slot keys of the ring's blocks (for the
+// masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
+// "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
+// (16-byte stores). A ring of two buffers (not the forward's four) is what fits beside dO
+// and the three P / dS tiles.
+
+#include "common.cuh"
+#include "hopper.cuh"
+#include "wgmma.cuh"
+#include "sparse_attention/params.cuh"
+#include "sparse_attention/tile.cuh"
+
+using namespace dsv4;
+using namespace dsv4::hopper;
+using dsv4::sa::kLog2e;
+using dsv4::sa::slot_key;
+
+namespace {
+constexpr int kD = 512;                  // head dim
+constexpr int kHB = 64;                  // heads per CTA (wgmma M of S, dP, dq)
+constexpr int kBN = 32;                  // slots per block (one consumer's S columns)
+constexpr int kPair = 2 * kBN;           // keys per iteration (wgmma M of dKV)
+constexpr int kNBuf = 2;                 // ring of blocks: one pair
+constexpr int kThreads = 384;
+constexpr int kGroupBytes = kBN * 128;   // one SW128 group of a block: 64 columns
+constexpr int kQGroupBytes = kHB * 128;  // one SW128 group of Q / dO: 64 columns
+constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
+constexpr int kTileBytes = 64 * 128;     // [64 x 64] bf16 SW128: dS, P^T, dS^T
+constexpr int kDkvN = 128;               // dKV columns per chunk (64 f32 accumulators a thread)
+constexpr int kChunk = 1024;             // slot keys the producer reads per index pass
+
+// Byte offsets from the 1024-aligned base.
+constexpr int kQOff = 0;
+constexpr int kDoOff = kQOff + 8 * kQGroupBytes;
+constexpr int kKvOff = kDoOff + 8 * kQGroupBytes;     // [2] buffers
+constexpr int kDsOff = kKvOff + kNBuf * kBlockBytes;  // dS   [64 heads][64 keys]
+constexpr int kPtOff = kDsOff + kTileBytes;           // P^T  [64 keys][64 heads]
+constexpr int kDstOff = kPtOff + kTileBytes;          // dS^T [64 keys][64 heads]
+constexpr int kKeysOff = kDstOff + kTileBytes;        // int [2][32]: the ring's slot keys
+constexpr int kLseOff = kKeysOff + kNBuf * kBN * 4;   // float [64]: lse * log2 e (+inf: padded head)
+constexpr int kDeltaOff = kLseOff + kHB * 4;          // float [64]: <dout, out>
+constexpr int kFlagOff = kDeltaOff + kHB * 4;         // int: a valid slot was seen (16 bytes reserved)
+constexpr int kRowKeysOff = kFlagOff + 16;            // int [1024]: the producer's keys of a chunk of slots
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;     // u64: q/dO, ready[2], free[2]
+constexpr int kBytes = kBarOff + 5 * 8;
+static_assert(kBarOff % 8 == 0, "mbarriers are 8-byte aligned");
+}  // namespace
+
+// Dynamic shared memory the launcher passes: the layout plus alignment slack.
+constexpr int kSa90BwdSmemBytes = kBytes + 1024;
+static_assert(kSa90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
+static_assert(kSa90BwdSmemBytes == 227128, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
+
+// dst[0..4] += v: one 16-byte f32 vector reduction (dst 16-byte aligned); each element's
+// add is atomic on its own, no ordering implied.
+__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
+// Four 8x8 bf16 matrices from the mma fragment layout (register i: matrix i, thread t
+// holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1) stored transposed: fragment
+// element (row, col) goes to row `col` of the stored matrix, position `row`. Lane l gives
+// the shared address of stored row l % 8 of matrix l / 8 (16 bytes).
+__device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const u32 q_base = smem_u32(smem + kQOff);
+    const u32 do_base = smem_u32(smem + kDoOff);
+    const u32 kv_base = smem_u32(smem + kKvOff);
+    const u32 ds_base = smem_u32(smem + kDsOff);
+    const u32 pt_base = smem_u32(smem + kPtOff);
+    const u32 dst_base = smem_u32(smem + kDstOff);
+    int* keys_s = reinterpret_cast<int*>(smem + kKeysOff);
+    float* lse_s = reinterpret_cast<float*>(smem + kLseOff);
+    float* delta_s = reinterpret_cast<float*>(smem + kDeltaOff);
+    int* flag_s = reinterpret_cast<int*>(smem + kFlagOff);
+    u64* qdo_bar = reinterpret_cast<u64*>(smem + kBarOff);
+    u64* ready_bar = qdo_bar + 1;  // [buffer]: the producer's 128 threads
+    u64* free_bar = qdo_bar + 3;   // [buffer]: both consumers' 256 threads
+
+    const int tid = threadIdx.x;
+    const int wg = tid / 128, wtid = tid % 128;
+    const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
+    const i64 row = static_cast<i64>(p.chunk_base) + local;  // b * S + s
+    const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
+    const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
+    const int h0 = hb * kHB;
+    const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+    const int n_iters = (n_slots + kPair - 1) / kPair;  // a pair of blocks each
+
+    if (tid == 0) {
+        mbar_init(qdo_bar, 128);
+        for (int i = 0; i < kNBuf; ++i) {
+            mbar_init(ready_bar + i, 128);
+            mbar_init(free_bar + i, 256);
+        }
+        *flag_s = 0;
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---------------- producer ----------------
+        regs_dec<40>();
+        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
+        const i64 bias = b * p.idx_bias;
+        const bf16* kv_b = p.kv + b * p.kv_sb;
+        // Q and dO: 64 rows x 64 chunks of 16 bytes each; consecutive threads take
+        // consecutive chunks (one tile after the other: fewer live registers).
+        {
+            auto load_tile = [&](u32 base, const bf16* src_row, i64 sh, const bf16* any) {
+#pragma unroll 2  // 4 spills the producer's 40 registers
+                for (int i = 0; i < 32; ++i) {
+                    const int id = wtid + i * 128;
+                    const int r = id / 64, c = id % 64;
+                    const bool ok = h0 + r < p.H;
+                    cp_async16_to(base + (c / 8) * kQGroupBytes + sw128(r, c % 8), ok ? src_row + (h0 + r) * sh + c * 8 : any, ok);
+                }
+            };
+            load_tile(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q);
+            load_tile(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout);
+            mbar_cp_async_arrive(qdo_bar);
+            mbar_arrive(qdo_bar);
+        }
+        // Slot keys in chunks of 1024 slots, all of a chunk's index loads in flight at once,
+        // into shared memory only the producer reads. Block rows: thread t loads chunk
+        // j = t % 8 of rows t / 8 and t / 8 + 16 in every group.
+        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
+        const int j = wtid % 8, r_base = wtid / 8;
+        const int n_blocks = 2 * n_iters;
+        for (int blk = 0; blk < n_blocks; ++blk) {
+            const int slot0 = blk * kBN;
+            if (slot0 % kChunk == 0) {
+                if (slot0 > 0) named_sync(5, 128);  // every producer thread is done with the last chunk
+                int k[kChunk / 128];
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+                named_sync(5, 128);
+            }
+            const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
+            const int buf = blk % kNBuf;
+            if (blk >= kNBuf) mbar_wait(free_bar + buf, ((blk / kNBuf) - 1) & 1);
+            if (j == 0) {
+                keys_s[buf * kBN + r_base] = keys[0];
+                keys_s[buf * kBN + r_base + 16] = keys[1];
+            }
+            const u32 dst = kv_base + buf * kBlockBytes;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int r = r_base + 16 * i;
+                const int key = keys[i];
+                const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + j * 8 : p.kv;
+#pragma unroll
+                for (int gg = 0; gg < 8; ++gg) cp_async16_to(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+            }
+            mbar_cp_async_arrive(ready_bar + buf);
+            mbar_arrive(ready_bar + buf);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // ---------------- consumers ----------------
+    regs_inc<232>();
+    const int cw = wg - 1;  // this consumer's block of each pair and column half of dq / dKV
+    const int ct = tid - 128;
+    const int warp = wtid / 32, lane = wtid % 32;
+    const int g = lane / 4, c4 = lane % 4;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows of S / dP / dq (heads h0 + r)
+    const bool odd = c4 & 1;
+    const int frow = warp * 16 + g + (odd ? 8 : 0);  // this thread's key row (of the pair) in the dKV flush
+
+    // delta = <dout, out> per head (4 threads a head, interleaved 16-byte chunks) and lse
+    // in log2 units (+inf for a padded head: its P is 0).
+    {
+        const int r = ct / 4, part = ct % 4;
+        const int h = h0 + r;
+        float acc = 0.0f;
+        if (h < p.H) {
+            const bf16* orow = p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
+            const bf16* drow = p.dout + b * p.do_sb + s * p.do_ss + h * p.do_sh;
+#pragma unroll 4
+            for (int i = 0; i < kD / 32; ++i) {
+                const int cc = part + 4 * i;
+                float ov[8], dv[8];
+                load16(orow + cc * 8, ov);
+                load16(drow + cc * 8, dv);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc += ov[e] * dv[e];
+            }
+        }
+        acc += __shfl_xor_sync(DSV4_FULL_MASK, acc, 1);
+        acc += __shfl_xor_sync(DSV4_FULL_MASK, acc, 2);
+        if (part == 0) {
+            delta_s[r] = acc;
+            lse_s[r] = h < p.H ? p.lse[b * p.lse_sb + s * p.lse_ss + h * p.lse_sh] * kLog2e : __int_as_float(0x7f800000);
+        }
+    }
+    named_sync(1, 256);
+    const float lse0 = lse_s[r0], lse1 = lse_s[r1], de0 = delta_s[r0], de1 = delta_s[r1];
+    const float s_scale = p.sm_scale * kLog2e;
+    bool any_valid = false;  // a key of this thread's flush rows was valid
+
+    float dq[128];  // dq[r0 / r1][256 cw + 8 j + 2 c4 + (0, 1)], layout of wgmma.cuh
+#pragma unroll
+    for (int i = 0; i < 128; ++i) dq[i] = 0.0f;
+
+    mbar_wait(qdo_bar, 0);
+
+    for (int it = 0; it < n_iters; ++it) {
+        const u32 par = it & 1;  // the ready phase of both buffers in this iteration
+        const u32 my_kv = kv_base + cw * kBlockBytes;          // block 2 it + cw: buffer cw
+        const u32 other_kv = kv_base + (1 - cw) * kBlockBytes;
+        // S = Q K^T, dP = dO K^T over the 8 column groups.
+        float sc[16], dp[16];
+        mbar_wait(ready_bar + cw, par);
+        fence_proxy_async();
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 32; ++ks) {
+            const u64 kd = sw128_desc(my_kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024);
+            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), kd, ks > 0);
+            wgmma_m64n32k16_ss<0>(dp, sw128_desc(do_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), kd, ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sc);
+        fence_regs(dp);
+
+        // P = exp2(S sm_scale log2e - lse2), dS = sm_scale P (dP - delta), as bf16 pairs:
+        // pp[jj][0 / 1] = P[r0 / r1][8 jj + 2 c4 ..], da = dS in the A layout of wgmma.cuh
+        // (da[jj / 2][2 (jj % 2) + 0 / 1] = dS[r0 / r1][8 jj + 2 c4 ..]).
+        const int* keys = keys_s + cw * kBN;
+        u32 pp[4][2], da[2][4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int col = 8 * jj + 2 * c4;
+            const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
+            const float p00 = v0 ? exp2f(sc[4 * jj + 0] * s_scale - lse0) : 0.0f;
+            const float p01 = v1 ? exp2f(sc[4 * jj + 1] * s_scale - lse0) : 0.0f;
+            const float p10 = v0 ? exp2f(sc[4 * jj + 2] * s_scale - lse1) : 0.0f;
+            const float p11 = v1 ? exp2f(sc[4 * jj + 3] * s_scale - lse1) : 0.0f;
+            pp[jj][0] = pack_bf16(p00, p01);
+            pp[jj][1] = pack_bf16(p10, p11);
+            da[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[4 * jj + 0] - de0), p.sm_scale * p01 * (dp[4 * jj + 1] - de0));
+            da[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[4 * jj + 2] - de1), p.sm_scale * p11 * (dp[4 * jj + 3] - de1));
+        }
+
+        named_sync(1, 256);  // A: both consumers are done with the previous pair's dS, P^T, dS^T
+        // dS [heads][keys]: columns 32 cw + 8 jj.. (16-byte chunk 4 cw + jj of each head row).
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r0, 4 * cw + jj) + 4 * c4), "r"(da[jj / 2][(jj % 2) * 2 + 0]) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r1, 4 * cw + jj) + 4 * c4), "r"(da[jj / 2][(jj % 2) * 2 + 1]) : "memory");
+        }
+        // P^T, dS^T [keys][heads]: stmatrix x (0, 1) stores the 8x8 matrices (key block
+        // jj = 2x + m / 2, head half m % 2), m = 0..3; lane l addresses key row
+        // 32 cw + 8 jj + l % 8 at heads 16 warp + 8 (m % 2) (16-byte chunk 2 warp + m % 2).
+        {
+            const int m = lane / 8, i = lane % 8;
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const u32 off = sw128(cw * kBN + 8 * (2 * x + m / 2) + i, 2 * warp + m % 2);
+                stsm_x4_trans(pt_base + off, pp[2 * x][0], pp[2 * x][1], pp[2 * x + 1][0], pp[2 * x + 1][1]);
+                stsm_x4_trans(dst_base + off, da[x][0], da[x][1], da[x][2], da[x][3]);
+            }
+        }
+        fence_proxy_async();
+        named_sync(2, 256);  // B: the pair's dS, P^T, dS^T written
+
+        mbar_wait(ready_bar + 1 - cw, par);  // done already (the other consumer waited); orders its data for this thread
+        fence_proxy_async();
+        // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
+        const int fkey = keys_s[frow];
+        any_valid |= fkey >= 0;
+
+        // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(dq, da[kk], sw128_desc(my_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(dq, sw128_desc(ds_base + (1 - cw) * 64 + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        wgmma_commit();
+
+        // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
+        // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
+        float* const dst_row = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + frow) * n_hblk + hb) * kD
+                                               : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
+#pragma unroll 1
+        for (int ch = 0; ch < 256 / kDkvN; ++ch) {
+            const int col0 = cw * 256 + ch * kDkvN;
+            float acc[kDkvN / 2];
+            if (ch > 0) wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                const u32 b_off = (col0 / 64) * kQGroupBytes + ks * 2048;
+                wgmma_m64n128k16_ss<1>(acc, sw128_desc(dst_base + ks * 32, 16, 1024), sw128_desc(q_base + b_off, kQGroupBytes, 1024), ks > 0);
+                wgmma_m64n128k16_ss<1>(acc, sw128_desc(pt_base + ks * 32, 16, 1024), sw128_desc(do_base + b_off, kQGroupBytes, 1024), 1);
+            }
+            wgmma_commit();
+            if (ch == 0) {
+                wgmma_wait<1>();  // dq's products: the ring's two buffers are read
+                fence_regs(dq);
+                mbar_arrive(free_bar + 0);
+                mbar_arrive(free_bar + 1);
+            }
+            wgmma_wait<0>();
+            fence_regs(acc);
+            // Flush: even c4 keeps key row r0's 4 columns, odd c4 row r1's (lane pair swap).
+#pragma unroll
+            for (int n = 0; n < kDkvN / 8; ++n) {
+                const float s0 = odd ? acc[4 * n + 0] : acc[4 * n + 2], s1 = odd ? acc[4 * n + 1] : acc[4 * n + 3];
+                const float x0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 1), x1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 1);
+                const float4 v = odd ? make_float4(x0, x1, acc[4 * n + 2], acc[4 * n + 3]) : make_float4(acc[4 * n + 0], acc[4 * n + 1], x0, x1);
+                float* ptr = dst_row + col0 + n * 8 + (c4 & 2) * 2;
+                if (fkey >= 0) {
+                    if (p.deterministic)
+                        *reinterpret_cast<float4*>(ptr) = v;
+                    else
+                        red_add_v4(ptr, v);
+                }
+            }
+        }
+    }
+
+    // Whether the row has a valid slot (the flush rows of one consumer cover all 64 keys
+    // of every pair).
+    if (any_valid) *flag_s = 1;
+    named_sync(1, 256);  // also: every product of both consumers is done, so Q is free
+    const bool row_nonempty = *flag_s != 0 || p.all_rows_nonempty;
+
+    // dq staged as bf16 in the Q area (SW128, this consumer's 4 groups), then 16-byte
+    // coalesced stores; zero for an empty row (every dS was 0).
+#pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {
+        const u32 grp = q_base + (cw * 4 + jj / 8) * kQGroupBytes;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(dq[4 * jj], dq[4 * jj + 1])) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(dq[4 * jj + 2], dq[4 * jj + 3])) : "memory");
+    }
+    named_sync(3 + cw, 128);
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int id = wtid + i * 128;
+        const int r = id / 32, cc = id % 32;
+        if (h0 + r < p.H) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(q_base + (cw * 4 + cc / 8) * kQGroupBytes + sw128(r, cc % 8)) : "memory");
+            *reinterpret_cast<uint4*>(p.dq + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
+        }
+    }
+    // dsinks partial: -p_sink * delta (0 for an empty row).
+    if (cw == 0 && wtid < kHB) {
+        const int h = h0 + wtid;
+        if (h < p.H) {
+            const float sink = p.sinks[h * p.sinks_sh] * kLog2e;
+            p.dsinks_part[row * p.H + h] = row_nonempty ? -exp2f(sink - lse_s[wtid]) * delta_s[wtid] : 0.0f;
+        }
+    }
+}
