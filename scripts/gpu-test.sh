@@ -61,6 +61,9 @@ elif [ -x "$sanitizer" ]; then
   for tool in racecheck synccheck; do
     run "$tool gpu_sparse_attention" timeout 240 "$sanitizer" --tool $tool --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_sparse_attention" --include-ignored --test-threads=1 small_forward_backward_match_reference
   done
+  # The Hopper kernels' named barriers (two consumer warpgroups, 256 threads) and
+  # mbarrier handshakes: synccheck on their tests.
+  run "synccheck gpu_sparse_attention (hopper)" timeout 240 "$sanitizer" --tool synccheck --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_sparse_attention" --include-ignored --test-threads=1 small_hopper_
 else
   echo "compute-sanitizer not found at $sanitizer"
   failed+=("compute-sanitizer missing")
