@@ -207,6 +207,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         const u32 other_kv = kv_base + (other_blk % kNBuf) * kBlockBytes;
         wgmma_wait<0>();
         fence_regs(sc);
+        fence_regs(o);
 
         // Scale, mask (slot validity: one key per lane, ballot), this block's row maxima
         // -> exchange with the other consumer.
@@ -284,11 +285,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             wgmma_wait<1>();  // P V done (groups complete in order); S of it + 1 may run on
         } else {
             wgmma_wait<0>();
+            fence_regs(o);
         }
-        fence_regs(o);
         mbar_arrive(free_bar + my_blk % kNBuf);
         mbar_arrive(free_bar + other_blk % kNBuf);
     }
+
+    // Nothing is in flight here (the last iteration waited for all its products); the
+    // explicit wait tells ptxas so, which would otherwise inject one (C7517).
+    wgmma_wait<0>();
+    fence_regs(o);
 
     // Row sums: this thread's quad, then the two consumers.
     l0 += __shfl_xor_sync(DSV4_FULL_MASK, l0, 1);
