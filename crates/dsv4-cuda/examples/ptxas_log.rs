@@ -2,6 +2,7 @@
 //! for one kernel: `cargo run -p dsv4-cuda --example ptxas_log -- <kernel path under
 //! kernels/, or a .cu file on disk> [arch (sm_90a)] [NAME=VALUE ...]`. A file on disk is
 //! compiled with the repository's headers (an old version of a kernel, say).
+//! `DSV4_CUBIN_OUT=<file>` also writes the CUBIN there (for `nvdisasm -c <file>`).
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = args.first().expect("a kernel path under kernels/ or a .cu file");
@@ -18,7 +19,12 @@ fn main() {
         Err(_) => nv.compile(path, &d, &arch),
     };
     match result {
-        Ok(c) => println!("{}", c.log),
+        Ok(c) => {
+            println!("{}", c.log);
+            if let Ok(out) = std::env::var("DSV4_CUBIN_OUT") {
+                std::fs::write(&out, &c.cubin).unwrap_or_else(|e| panic!("writing {out}: {e}"));
+            }
+        }
         Err(e) => println!("{e}"),
     }
 }

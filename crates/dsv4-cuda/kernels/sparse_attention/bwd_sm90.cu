@@ -270,11 +270,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         mbar_wait(ready_bar + cw, par);
         fence_proxy_async();
         wgmma_fence();
+        const u64 kd0 = sw128_desc(my_kv, 16, 1024), qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < 32; ++ks) {
-            const u64 kd = sw128_desc(my_kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024);
-            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), kd, ks > 0);
-            wgmma_m64n32k16_ss<0>(dp, sw128_desc(do_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), kd, ks > 0);
+            const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
+            const u64 kd = desc_advance(kd0, (ks / 4) * kGroupBytes + (ks % 4) * 32);
+            wgmma_m64n32k16_ss<0>(sc, desc_advance(qd0, qo), kd, ks > 0);
+            wgmma_m64n32k16_ss<0>(dp, desc_advance(dod0, qo), kd, ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -330,10 +332,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
         // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
         wgmma_fence();
+        const u64 my_kd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+        const u64 other_kd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+        const u64 other_dsd = sw128_desc(ds_base + (1 - cw) * 64, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(dq, da[kk], sw128_desc(my_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(dq, sw128_desc(ds_base + (1 - cw) * 64 + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
         wgmma_commit();
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
@@ -345,11 +350,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             const int col0 = cw * 256 + ch * kDkvN;
             float acc[kDkvN / 2];
             if (ch > 0) wgmma_fence();
+            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+            const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+            const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
-                const u32 b_off = (col0 / 64) * kQGroupBytes + ks * 2048;
-                wgmma_m64n128k16_ss<1>(acc, sw128_desc(dst_base + ks * 32, 16, 1024), sw128_desc(q_base + b_off, kQGroupBytes, 1024), ks > 0);
-                wgmma_m64n128k16_ss<1>(acc, sw128_desc(pt_base + ks * 32, 16, 1024), sw128_desc(do_base + b_off, kQGroupBytes, 1024), 1);
+                wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
             }
             wgmma_commit();
             if (ch == 0) {

@@ -183,15 +183,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     // S = Q K^T of iteration `it` into `sc` (the 8 column groups, 32 k-steps), once the
     // block has landed; committed as one wgmma group.
     float sc[16];
+    const u64 qd = sw128_desc(q_base, 16, 1024);
     auto issue_s = [&](int it) {
         const int blk = 2 * it + cw;
         mbar_wait(ready_bar + blk % kNBuf, (blk / kNBuf) & 1);
         fence_proxy_async();
         wgmma_fence();
-        const u32 kv = kv_base + (blk % kNBuf) * kBlockBytes;
+        const u64 kd = sw128_desc(kv_base + (blk % kNBuf) * kBlockBytes, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < 32; ++ks) {
-            wgmma_m64n32k16_ss<0>(sc, sw128_desc(q_base + (ks / 4) * kQGroupBytes + (ks % 4) * 32, 16, 1024), sw128_desc(kv + (ks / 4) * kGroupBytes + (ks % 4) * 32, 16, 1024), ks > 0);
+            wgmma_m64n32k16_ss<0>(sc, desc_advance(qd, (ks / 4) * kQGroupBytes + (ks % 4) * 32), desc_advance(kd, (ks / 4) * kGroupBytes + (ks % 4) * 32), ks > 0);
         }
         wgmma_commit();
     };
@@ -274,11 +275,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         mbar_wait(ready_bar + other_blk % kNBuf, par);  // done already (the other consumer waited); orders its data for this thread
         fence_proxy_async();
         wgmma_fence();
+        const u64 my_vd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+        const u64 other_vd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+        const u64 other_pd = sw128_desc(p_base + (1 - cw) * kPBytes, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], sw128_desc(my_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
-        const u32 other_p = p_base + (1 - cw) * kPBytes;
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(o, sw128_desc(other_p + kk * 32, 16, 1024), sw128_desc(other_kv + cw * 4 * kGroupBytes + kk * 2048, kGroupBytes, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
         wgmma_commit();
         if (it + 1 < n_iters) {
             issue_s(it + 1);
