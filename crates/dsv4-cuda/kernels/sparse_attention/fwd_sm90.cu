@@ -34,6 +34,7 @@
 #include "wgmma.cuh"
 #include "sparse_attention/params.cuh"
 #include "sparse_attention/tile.cuh"
+#include "sparse_attention/gather_sm90.cuh"
 
 using namespace dsv4;
 using namespace dsv4::hopper;
@@ -65,6 +66,8 @@ constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's 
 constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[4], free[4]
 constexpr int kBytes = kBarOff + 9 * 8;
 }  // namespace
+
+static_assert(kBN == sa90::kBN && kGroupBytes == sa90::kGroupBytes && kBlockBytes == sa90::kBlockBytes && kQGroupBytes == sa90::kTileGroupBytes && kChunk == sa90::kChunk, "the producer's layout (gather_sm90.cuh)");
 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
@@ -108,57 +111,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         const i64 bias = b * p.idx_bias;
         const bf16* kv_b = p.kv + b * p.kv_sb;
-        // Q: 64 rows x 64 chunks of 16 bytes; consecutive threads take consecutive chunks.
-        {
-            const bf16* q_row = p.q + b * p.q_sb + s * p.q_ss;
-#pragma unroll 4
-            for (int i = 0; i < 32; ++i) {
-                const int id = wtid + i * 128;
-                const int r = id / 64, c = id % 64;
-                const bool ok = h0 + r < p.H;
-                cp_async16_to(q_base + (c / 8) * kQGroupBytes + sw128(r, c % 8), ok ? q_row + (h0 + r) * p.q_sh + c * 8 : p.q, ok);
-            }
-            mbar_cp_async_arrive(q_bar);
-            mbar_arrive(q_bar);
-        }
-        // Slot keys come in chunks of 1024 slots, all of a chunk's index loads in flight at
-        // once (one memory latency per chunk, not per block), into shared memory that only
-        // the producer reads. Block rows: thread t loads chunk j = t % 8 of rows t / 8 and
-        // t / 8 + 16 in every group.
-        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
-        const int j = wtid % 8, r_base = wtid / 8;
-        const int n_blocks = 2 * n_iters;
-        for (int blk = 0; blk < n_blocks; ++blk) {
-            const int slot0 = blk * kBN;
-            if (slot0 % kChunk == 0) {
-                if (slot0 > 0) named_sync(5, 128);  // every producer thread is done with the last chunk
-                int k[kChunk / 128];
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-                named_sync(5, 128);
-            }
-            const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
-            const int buf = blk % kNBuf;
-            if (blk >= kNBuf) mbar_wait(free_bar + buf, ((blk / kNBuf) - 1) & 1);
-            if (j == 0) {
-                keys_s[buf * kBN + r_base] = keys[0];
-                keys_s[buf * kBN + r_base + 16] = keys[1];
-            }
-            const u32 dst = kv_base + buf * kBlockBytes;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int r = r_base + 16 * i;
-                const int key = keys[i];
-                const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + j * 8 : p.kv;
-#pragma unroll
-                for (int gg = 0; gg < 8; ++gg) cp_async16_to(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
-            }
-            mbar_cp_async_arrive(ready_bar + buf);
-            mbar_arrive(ready_bar + buf);
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+        mbar_cp_async_arrive(q_bar);
+        mbar_arrive(q_bar);
+        const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
+        sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, free_bar, wtid);
         return;
     }
 

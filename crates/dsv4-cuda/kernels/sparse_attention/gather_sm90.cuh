@@ -1,0 +1,89 @@
+// The producer warpgroup of the Hopper attention kernels (fwd_sm90.cu, bwd_sm90.cu): the
+// 64-head tiles of a query row (Q, dO) and the row's slots gathered in blocks of 32 keys
+// into a ring of SW128 buffers, each buffer with a "ready" mbarrier (this warpgroup's 128
+// threads arrive, their copies included) and a "free" one (the consumers arrive).
+#pragma once
+
+#include "common.cuh"
+#include "hopper.cuh"
+#include "sparse_attention/tile.cuh"
+
+namespace dsv4 {
+namespace sa90 {
+
+constexpr int kBN = 32;                 // slots per block
+constexpr int kChunk = 1024;            // slot keys read per index pass
+constexpr int kGroupBytes = kBN * 128;  // one SW128 group (64 columns) of a block
+constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
+constexpr int kTileGroupBytes = 64 * 128;     // one SW128 group of a 64-row head tile
+
+// A [64 heads x 512] bf16 tile of one query row into SW128 groups at `base`: rows h0 + r
+// of `row` (head stride `sh`); heads >= H are zero rows (`any`: a mapped address never read).
+// Consecutive threads take consecutive 16-byte chunks; UNROLL copies in flight per step (the
+// backward, which loads two tiles back to back, spills its 40 registers beyond 2).
+template <int UNROLL>
+__device__ __forceinline__ void load_head_tile(u32 base, const bf16* row, i64 sh, const bf16* any, int h0, int H, int wtid) {
+#pragma unroll UNROLL
+    for (int i = 0; i < 32; ++i) {
+        const int id = wtid + i * 128;
+        const int r = id / 64, c = id % 64;
+        const bool ok = h0 + r < H;
+        hopper::cp_async16_to(base + (c / 8) * kTileGroupBytes + hopper::sw128(r, c % 8), ok ? row + (h0 + r) * sh + c * 8 : any, ok);
+    }
+}
+
+// What the gather reads: the row's slots (as slot_key decodes them) and the kv rows.
+struct SlotSource {
+    const void* idx;
+    i64 idx_row, idx_st, bias;
+    i32 idx_is_i64, n_slots, K;
+    const bf16* kv_b;  // kv of the row's batch
+    const bf16* kv;    // a mapped address for masked rows (never read)
+    i64 kv_sk;
+};
+
+// Gather blocks 0 .. n_blocks - 1 of the row into the ring of NBUF buffers at `kv_base`:
+// block blk goes to buffer blk % NBUF once that buffer's previous block is freed. Slot keys
+// are read 1024 at a time (all of a chunk's index loads in flight at once) into `row_keys`
+// ([1024] i32, only the producer reads it); each block's keys also go to `keys_s[buf][32]`
+// (-1: masked) for the consumers' masks. Thread t copies chunk j = t % 8 of rows t / 8 and
+// t / 8 + 16 in every group; masked rows are zero-filled. Named barrier 5 syncs the
+// producer's 128 threads.
+template <int NBUF>
+__device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* free_bar, int wtid) {
+    const int j = wtid % 8, r_base = wtid / 8;
+    for (int blk = 0; blk < n_blocks; ++blk) {
+        const int slot0 = blk * kBN;
+        if (slot0 % kChunk == 0) {
+            if (slot0 > 0) hopper::named_sync(5, 128);  // every producer thread is done with the last chunk
+            int k[kChunk / 128];
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) k[i] = sa::slot_key(src.idx, src.idx_row, src.idx_st, src.idx_is_i64, src.bias, src.n_slots, src.K, slot0 + wtid + 128 * i, false);
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+            hopper::named_sync(5, 128);
+        }
+        const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
+        const int buf = blk % NBUF;
+        if (blk >= NBUF) hopper::mbar_wait(free_bar + buf, ((blk / NBUF) - 1) & 1);
+        if (j == 0) {
+            keys_s[buf * kBN + r_base] = keys[0];
+            keys_s[buf * kBN + r_base + 16] = keys[1];
+        }
+        const u32 dst = kv_base + buf * kBlockBytes;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = r_base + 16 * i;
+            const int key = keys[i];
+            const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
+#pragma unroll
+            for (int gg = 0; gg < 8; ++gg) hopper::cp_async16_to(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
+        }
+        hopper::mbar_cp_async_arrive(ready_bar + buf);
+        hopper::mbar_arrive(ready_bar + buf);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+}  // namespace sa90
+}  // namespace dsv4
