@@ -3,10 +3,11 @@
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows that
 // are never stored). Three warpgroups:
-//   WG 0, producer: loads Q once, then gathers the row's slots in blocks of 32 keys with
-//        cp.async into a ring of four 32 KiB buffers (the rows of a block are K and V at
-//        once: MQA), with a "ready" and a "free" mbarrier per buffer. The ring holds two
-//        iterations, so the next iteration's gathers land while this one computes.
+//   WG 0, producer (gather_sm90.cuh): loads Q once, then gathers the row's slots in
+//        blocks of 32 keys with cp.async into a ring of four 32 KiB buffers (the rows of a
+//        block are K and V at once: MQA), with a "ready" and a "free" mbarrier per buffer.
+//        The ring holds two iterations, so the next iteration's gathers land while this
+//        one computes.
 //   WG 1 and WG 2, consumers c = 0, 1: in iteration i, consumer c owns block 2i + c
 //        (buffer (2i + c) % 4): S_c = Q K_c^T (64 x 32, 32 wgmma k-steps over D), masked
 //        and scaled. The two consumers exchange their row maxima (one named barrier), so
@@ -15,9 +16,9 @@
 //        Consumer c keeps O's columns [256c, 256c + 256) in registers (128 f32 a thread)
 //        and adds P_c V_c + P_{1-c} V_{1-c} over its columns; the next iteration's S is
 //        issued right behind P V (the tensor cores see no gap between them), and both
-//        buffers are freed once P V is done (each free barrier counts both consumers). The running sums are per
-//        consumer (each adds its own P) and meet at the end. O is rescaled only in warps
-//        where the running max moved.
+//        buffers are freed once P V is done (each free barrier counts both consumers).
+//        The running sums are per consumer (each adds its own P) and meet at the end. O is
+//        rescaled only in warps where the running max moved.
 // The sink starts the running max (m = sink, l = 1 counted once), so an empty row ends
 // with out = 0 and lse = sink, and |logits| ~ 1e4 never overflow; logits are kept in log2
 // units (sm_scale * log2 e), lse is stored in natural log.
