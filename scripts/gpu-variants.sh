@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Time kernel variants that live on git branches in ONE GPU call.
+#
+# Here (no GPU needed):
+#   bash scripts/gpu-variants.sh build main exp/fwd-sm90-stagger exp/bwd-sm90-dkv-pipeline
+# builds each ref in its own worktree (.dev/variants-build/src/<name>, own target dir) and
+# stages its `dsv4` CLI and gpu_* test binaries in .dev/variants/<name>/ (~15 MB a ref) plus
+# the golden files once. Then, with `.dev/variants` carried, on the GPU machine:
+#   bash scripts/gpu-variants.sh run ["test filter"] ["bench args"]
+# runs, for every staged ref, the gpu_sparse_attention tests matching the filter (default
+# `small_hopper_ deepseek small_deterministic`) and `dsv4 bench <bench args>` (default
+# `sparse-attention --iters 20`), and prints one block per ref. A ref that fails a test is
+# marked so; its timings are still shown (wrong kernels are sometimes fast: read both).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=.dev/variants          # staged binaries: carried to the GPU machine
+build=.dev/variants-build   # worktrees and target dirs: stay here
+cmd=${1:-}
+shift || true
+
+name_of() { echo "$1" | tr '/:' '__'; }
+
+case "$cmd" in
+build)
+  [ $# -gt 0 ] || { echo "usage: $0 build <git ref>..."; exit 2; }
+  mkdir -p "$build/src" "$root/golden"
+  shared=${DSV4_SHARED_DIR:-$(cd .. && pwd)/shared}
+  cp "$shared"/golden/*.safetensors "$root/golden/"
+  for ref in "$@"; do
+    n=$(name_of "$ref")
+    wt="$build/src/$n"
+    git worktree remove --force "$wt" >/dev/null 2>&1 || rm -rf "$wt"
+    git worktree add --detach "$wt" "$ref" >/dev/null || { echo "cannot check out $ref"; exit 1; }
+    echo "== $ref ($(git -C "$wt" log --oneline -1))"
+    (
+      cd "$wt"
+      export CARGO_TARGET_DIR=$PWD/../../target-$n
+      cargo test --release -p dsv4-cuda --no-run --message-format=json-render-diagnostics 2>/dev/null > ../../build-$n.json || exit 1
+      cargo build --release -p dsv4-cli 2>&1 | tail -1
+    ) || { echo "build of $ref failed"; exit 1; }
+    out="$root/$n"
+    rm -rf "$out"
+    mkdir -p "$out/tests"
+    python3 - "$build/build-$n.json" "$out/tests" <<'PY'
+import json, shutil, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test") and m["target"]["name"].startswith("gpu_"):
+        shutil.copy(m["executable"], f"{sys.argv[2]}/{m['target']['name']}")
+PY
+    cp "$build/target-$n/release/dsv4" "$out/dsv4"
+    strip --strip-debug "$out/dsv4" "$out"/tests/* 2>/dev/null || true
+    git -C "$wt" log --oneline -1 > "$out/ref.txt"
+    echo "staged $ref in $out ($(du -sh "$out" | cut -f1))"
+  done
+  ;;
+run)
+  filter=${1:-small_hopper_ deepseek small_deterministic}
+  bench=${2:-sparse-attention --iters 20}
+  export DSV4_GOLDEN_DIR=$PWD/$root/golden DSV4_SHARED_DIR=$PWD/$root/no-shared RUST_BACKTRACE=1
+  for d in "$root"/*/; do
+    n=$(basename "$d")
+    [ -x "$d/dsv4" ] || continue
+    echo "==================== $n: $(cat "$d/ref.txt")"
+    export DSV4_CACHE_DIR=$PWD/$d/kernel-cache
+    status=ok
+    for f in $filter; do
+      timeout 300 "$d/tests/gpu_sparse_attention" --include-ignored --test-threads=1 "$f" > "$d/test-$f.log" 2>&1 || status="FAILED ($f)"
+      grep -E "^test |test result" "$d/test-$f.log" | grep -v "^test result: ok. 0 passed"
+    done
+    echo "tests: $status"
+    # shellcheck disable=SC2086
+    timeout 300 "$d/dsv4" bench $bench 2>&1 | grep -E "sparse_attention|indexer|sinkhorn|qnorm" | cut -c1-140
+  done
+  ;;
+*)
+  echo "usage: $0 build <git ref>... | run [\"test filters\"] [\"bench args\"]"
+  exit 2
+  ;;
+esac
