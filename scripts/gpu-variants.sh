@@ -7,9 +7,10 @@
 # stages its `dsv4` CLI and gpu_* test binaries in .dev/variants/<name>/ (~15 MB a ref) plus
 # the golden files once. Then, with `.dev/variants` carried, on the GPU machine:
 #   bash scripts/gpu-variants.sh run ["test filter"] ["bench args"]
-# runs, for every staged ref, the gpu_sparse_attention tests matching the filter (default
-# `small_hopper_ deepseek small_deterministic`) and `dsv4 bench <bench args>` (default
-# `sparse-attention --iters 20`), and prints one block per ref. A ref that fails a test is
+# runs, for every staged ref, the tests named `<test binary>:<name filter>` (default
+# `gpu_sparse_attention:small_hopper_ gpu_sparse_attention:deepseek
+# gpu_sparse_attention:small_deterministic`; e.g. `gpu_indexer:small_` for the indexer) and
+# `dsv4 bench <bench args>` (default `sparse-attention --iters 20`), one block per ref. A ref that fails a test is
 # marked so; its timings are still shown (wrong kernels are sometimes fast: read both).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +59,7 @@ PY
   done
   ;;
 run)
-  filter=${1:-small_hopper_ deepseek small_deterministic}
+  filter=${1:-gpu_sparse_attention:small_hopper_ gpu_sparse_attention:deepseek gpu_sparse_attention:small_deterministic}
   bench=${2:-sparse-attention --iters 20}
   export DSV4_GOLDEN_DIR=$PWD/$root/golden DSV4_SHARED_DIR=$PWD/$root/no-shared RUST_BACKTRACE=1
   for d in "$root"/*/; do
@@ -67,9 +68,10 @@ run)
     echo "==================== $n: $(cat "$d/ref.txt")"
     export DSV4_CACHE_DIR=$PWD/$d/kernel-cache
     status=ok
-    for f in $filter; do
-      timeout 300 "$d/tests/gpu_sparse_attention" --include-ignored --test-threads=1 "$f" > "$d/test-$f.log" 2>&1 || status="FAILED ($f)"
-      grep -E "^test |test result" "$d/test-$f.log" | grep -v "^test result: ok. 0 passed"
+    for bf in $filter; do
+      bin=${bf%%:*} f=${bf#*:}
+      timeout 300 "$d/tests/$bin" --include-ignored --test-threads=1 "$f" > "$d/test-$bin-$f.log" 2>&1 || status="FAILED ($bf)"
+      grep -E "^test |test result" "$d/test-$bin-$f.log" | grep -v "^test result: ok. 0 passed"
     done
     echo "tests: $status"
     # shellcheck disable=SC2086
