@@ -190,6 +190,39 @@ fn run_case(rng: &mut Rng, c: &Case, reference_rounding: bool, plan: bool) -> Ve
     js
 }
 
+/// The deterministic backward from the GPU forward's `out` and `lse`, for each workspace
+/// size: judged against the reference on the first run, then bitwise equal to that run on
+/// every rerun.
+fn deterministic_reruns(c: &Case, x: &Inputs, da: &SparseAttentionArgs, out: &Tensor, lse: &Tensor, workspaces: &[usize], runs: usize) -> Vec<Judgement> {
+    let bits = |t: &Tensor| t.to_f64_vec().unwrap().into_iter().map(f64::to_bits).collect::<Vec<_>>();
+    let out_h = Tensor::from_f32(out.shape(), out.to_f32_vec().unwrap()).unwrap();
+    let lse_h = lse.to_host().unwrap();
+    let hb = SparseAttentionBwdArgs::new(host_args(x, false), out_h.view(), lse_h.view(), x.dout.host.view());
+    let (rdq, rdkv, rds) = sparse_attention_backward(BackendName::Reference, &hb).unwrap();
+    let mut js = Vec::new();
+    for &ws in workspaces {
+        let mut first = None;
+        for run in 0..runs {
+            let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
+            db.backward_impl = BackwardImpl::Deterministic;
+            db.backward_workspace_bytes = ws;
+            let (dq, dkv, ds) = gpu_backward(&db, c);
+            let now = (bits(&dq), bits(&dkv), bits(&ds));
+            match &first {
+                None => {
+                    let name = format!("{}: deterministic, workspace {ws}", c.name());
+                    js.push(jt(&format!("{name}: dq"), &dq, &rdq, Tolerance::Bf16));
+                    js.push(jt(&format!("{name}: dkv"), &dkv, &rdkv, Tolerance::F32Grad));
+                    js.push(jt(&format!("{name}: dsinks"), &ds, &rds, Tolerance::F32Grad));
+                    first = Some(now);
+                }
+                Some(f) => assert!(f == &now, "{}: workspace {ws}: run {run} differs from run 0", c.name()),
+            }
+        }
+    }
+    js
+}
+
 fn small_cases() -> Vec<Case> {
     let mut v = vec![
         Case::small(1, 3, 1, 64, 17, 7),
@@ -360,39 +393,14 @@ fn small_hopper_backward_d512() {
     // Deterministic: bitwise equal across reruns, with the default workspace (one wave) and
     // with room for one row's contributions (a wave per row).
     use dsv4_cuda::sparse_attention::{bwd_head_blocks, choose_tiles, use_hopper_bwd, Pass};
-    let bits = |t: &Tensor| t.to_f64_vec().unwrap().into_iter().map(f64::to_bits).collect::<Vec<_>>();
     for c in [Case::small(2, 5, 100, 512, 60, 65), Case { noise: 8, ..Case::small(1, 4, 64, 512, 300, 640) }] {
         let x = make_inputs(&mut rng, &c);
         let da = dev_args(&x, SparseIndices::TopK(x.idx_dev.view()), false);
         let (out, lse) = gpu_forward(&da, &c);
-        let out_h = Tensor::from_f32(out.shape(), out.to_f32_vec().unwrap()).unwrap();
-        let lse_h = lse.to_host().unwrap();
-        let hb = SparseAttentionBwdArgs::new(host_args(&x, false), out_h.view(), lse_h.view(), x.dout.host.view());
-        let (rdq, rdkv, rds) = sparse_attention_backward(BackendName::Reference, &hb).unwrap();
         let tiles = choose_tiles(Pass::Bwd, 512, c.h, gpu.props().max_shared_per_block_optin as usize).unwrap();
         let n_hblk = bwd_head_blocks(use_hopper_bwd(gpu, 512, false), &tiles, c.h);
         let one_row = c.t * (n_hblk * 512 + 1) * 4;
-        let mut js = Vec::new();
-        for ws in [dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row] {
-            let mut first = None;
-            for run in 0..4 {
-                let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
-                db.backward_impl = BackwardImpl::Deterministic;
-                db.backward_workspace_bytes = ws;
-                let (dq, dkv, ds) = gpu_backward(&db, &c);
-                let now = (bits(&dq), bits(&dkv), bits(&ds));
-                match &first {
-                    None => {
-                        let name = format!("{}: deterministic, workspace {ws}", c.name());
-                        js.push(jt(&format!("{name}: dq"), &dq, &rdq, Tolerance::Bf16));
-                        js.push(jt(&format!("{name}: dkv"), &dkv, &rdkv, Tolerance::F32Grad));
-                        js.push(jt(&format!("{name}: dsinks"), &ds, &rds, Tolerance::F32Grad));
-                        first = Some(now);
-                    }
-                    Some(f) => assert!(f == &now, "{}: workspace {ws}: run {run} differs from run 0", c.name()),
-                }
-            }
-        }
+        let js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row], 4);
         // One byte short of a row: says so (the message counts this path's head blocks).
         let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
         db.backward_impl = BackwardImpl::Deterministic;
@@ -501,36 +509,10 @@ fn small_deterministic_backward_is_bitwise_reproducible() {
             Err(Error::Unavailable { reason, .. }) => assert!(reason.contains("workspace"), "{reason}"),
             other => panic!("expected Unavailable, got {:?}", other.map(|_| ())),
         }
-        let bits = |t: &Tensor| t.to_f64_vec().unwrap().into_iter().map(f64::to_bits).collect::<Vec<_>>();
-        let out_h = Tensor::from_f32(out.shape(), out.to_f32_vec().unwrap()).unwrap();
-        let lse_h = lse.to_host().unwrap();
-        let hb = SparseAttentionBwdArgs::new(host_args(&x, false), out_h.view(), lse_h.view(), x.dout.host.view());
-        let (rdq, rdkv, rds) = sparse_attention_backward(BackendName::Reference, &hb).unwrap();
-        let mut js = Vec::new();
         // The default workspace (one wave), and room for the contributions of one row and of
         // three rows (many waves; one head block: H <= 64).
         let one_row = c.t * (dsv4_cuda::sparse_attention::kernel_d(c.d) + 1) * 4;
-        for ws in [dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row] {
-            let mut first = None;
-            for run in 0..5 {
-                let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
-                db.backward_impl = BackwardImpl::Deterministic;
-                db.backward_workspace_bytes = ws;
-                let (dq, dkv, ds) = gpu_backward(&db, &c);
-                let now = (bits(&dq), bits(&dkv), bits(&ds));
-                match &first {
-                    None => {
-                        let name = format!("{}: workspace {ws}", c.name());
-                        js.push(jt(&format!("{name}: dq"), &dq, &rdq, Tolerance::Bf16));
-                        js.push(jt(&format!("{name}: dkv"), &dkv, &rdkv, Tolerance::F32Grad));
-                        js.push(jt(&format!("{name}: dsinks"), &ds, &rds, Tolerance::F32Grad));
-                        first = Some(now);
-                    }
-                    Some(f) => assert!(f == &now, "{}: workspace {ws}: run {run} differs from run 0", c.name()),
-                }
-            }
-        }
-        check(js);
+        check(deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row], 5));
     }
 }
 
