@@ -462,6 +462,48 @@ struct ScoresOut {
     strides: (i64, i64),
 }
 
+/// The params both score kernels (`scores.cu`, `scores_sm90.cu`) share for queries
+/// `[s_begin, s_begin + s_count)` written to `dst`; no selection (`topk`, `t` 0), no fused
+/// scratch (`rows` 0), no sort buffer (`sort_cap` 0): the caller sets its own.
+fn scores_params(op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<IndexerScoresParams> {
+    Ok(IndexerScoresParams {
+        q: inp.q.ptr,
+        kv: inp.kv.ptr,
+        w: a.weights.address(),
+        topk: 0,
+        out: dst.out,
+        idx: dst.idx,
+        rows: 0,
+        q_sb: inp.q.strides[0],
+        q_ss: inp.q.strides[1],
+        q_sh: inp.q.strides[2],
+        kv_sb: inp.kv.strides[0],
+        kv_sp: inp.kv.strides[1],
+        w_sb: inp.w[0],
+        w_ss: inp.w[1],
+        w_sh: inp.w[2],
+        t_sb: 0,
+        t_ss: 0,
+        t_st: 0,
+        out_sb: dst.strides.0,
+        out_ss: dst.strides.1,
+        b: sh.b,
+        s: sh.s,
+        h: sh.h,
+        d: sh.d,
+        p: sh.p,
+        t: 0,
+        s_begin: to_i32(op, "s_begin", s_begin)?,
+        s_count: to_i32(op, "s_count", s_count)?,
+        query_start: sh.query_start,
+        compress_ratio: sh.compress_ratio,
+        topk_is_i64: 0,
+        k: to_i32(op, "k", dst.k)?,
+        sort_cap: 0,
+        scale: a.softmax_scale,
+    })
+}
+
 /// One launch of `scores.cu` over queries `[s_begin, s_begin + s_count)`.
 fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, topk: Option<&TensorView>, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<()> {
     let tiles = &inp.tiles;
@@ -474,40 +516,14 @@ fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: 
         None => (0, vec![0; 3], 0, false),
     };
     let prm = IndexerScoresParams {
-        q: inp.q.ptr,
-        kv: inp.kv.ptr,
-        w: a.weights.address(),
         topk: t_ptr,
-        out: dst.out,
-        idx: dst.idx,
-        rows: 0,
-        q_sb: inp.q.strides[0],
-        q_ss: inp.q.strides[1],
-        q_sh: inp.q.strides[2],
-        kv_sb: inp.kv.strides[0],
-        kv_sp: inp.kv.strides[1],
-        w_sb: inp.w[0],
-        w_ss: inp.w[1],
-        w_sh: inp.w[2],
         t_sb: t_st[0],
         t_ss: t_st[1],
         t_st: t_st[2],
-        out_sb: dst.strides.0,
-        out_ss: dst.strides.1,
-        b: sh.b,
-        s: sh.s,
-        h: sh.h,
-        d: sh.d,
-        p: sh.p,
         t: to_i32(op, "T", t_len)?,
-        s_begin: to_i32(op, "s_begin", s_begin)?,
-        s_count: to_i32(op, "s_count", s_count)?,
-        query_start: sh.query_start,
-        compress_ratio: sh.compress_ratio,
         topk_is_i64: t_i64 as i32,
-        k: to_i32(op, "k", dst.k)?,
         sort_cap: to_i32(op, "sort capacity", sort_cap)?,
-        scale: a.softmax_scale,
+        ..scores_params(op, a, sh, inp, dst, s_begin, s_count)?
     };
     let k = gpu.kernel("indexer/scores.cu", "indexer_scores", &tiles.defines())?;
     let grid = [grid_dim(op, "query blocks", s_count.div_ceil(tiles.bq))?, grid_dim(op, "batch", sh.b as usize)?, 1];
@@ -604,40 +620,9 @@ fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, 
         None => None,
     };
     let prm = IndexerScoresParams {
-        q: inp.q.ptr,
-        kv: inp.kv.ptr,
-        w: a.weights.address(),
-        topk: 0,
-        out: dst.out,
-        idx: dst.idx,
         rows: rows.as_ref().map_or(0, |r| r.ptr()),
-        q_sb: inp.q.strides[0],
-        q_ss: inp.q.strides[1],
-        q_sh: inp.q.strides[2],
-        kv_sb: inp.kv.strides[0],
-        kv_sp: inp.kv.strides[1],
-        w_sb: inp.w[0],
-        w_ss: inp.w[1],
-        w_sh: inp.w[2],
-        t_sb: 0,
-        t_ss: 0,
-        t_st: 0,
-        out_sb: dst.strides.0,
-        out_ss: dst.strides.1,
-        b: sh.b,
-        s: sh.s,
-        h: sh.h,
-        d: sh.d,
-        p: sh.p,
-        t: 0,
-        s_begin: to_i32(op, "s_begin", s_begin)?,
-        s_count: to_i32(op, "s_count", s_count)?,
-        query_start: sh.query_start,
-        compress_ratio: sh.compress_ratio,
-        topk_is_i64: 0,
-        k: to_i32(op, "k", dst.k)?,
         sort_cap: to_i32(op, "sort capacity", fused_sort_cap.unwrap_or(0))?,
-        scale: a.softmax_scale,
+        ..scores_params(op, a, sh, inp, dst, s_begin, s_count)?
     };
     let defines = [("IDX_H", h.to_string()), ("IDX_D", d.to_string()), ("IDX_FUSED", (fused_sort_cap.is_some() as u8).to_string())];
     let k = gpu.kernel("indexer/scores_sm90.cu", "indexer_scores_sm90", &defines)?;
