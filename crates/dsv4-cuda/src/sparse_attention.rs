@@ -493,10 +493,10 @@ pub fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Res
     run_forward(gpu, a, dm, tiles, src, true, out_ptr(out), lse.ptr())
 }
 
-/// Dynamic shared memory of `fwd_sm90.cu` (`kSa90SmemBytes`: Q, a ring of four 32-key K/V
-/// blocks, two P tiles, the ring's slot keys, row statistics, the producer's 1024 slot
+/// Dynamic shared memory of `fwd_sm90.cu` (`kSa90SmemBytes`: Q, two 64-key K/V blocks, two
+/// P tiles, the blocks' slot keys, the published maxima, row sums, the producer's 1024 slot
 /// keys, barriers, 1024 bytes of alignment slack).
-pub const SA90_FWD_SMEM_BYTES: usize = 64 * 1024 + 4 * 32 * 1024 + 2 * 8 * 1024 + 3 * 512 + 4096 + 9 * 8 + 1024;
+pub const SA90_FWD_SMEM_BYTES: usize = 64 * 1024 + 2 * 64 * 1024 + 2 * 8 * 1024 + 3 * 512 + 4096 + 9 * 8 + 1024;
 const _: () = assert!(SA90_FWD_SMEM_BYTES == 219_720, "fwd_sm90.cu asserts the same number");
 
 /// Whether the forward runs the Hopper kernel: an sm_90a device (and not DSV4_PORTABLE=1),

@@ -163,8 +163,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         // Q and dO, one tile after the other (fewer live registers).
         sa90::load_head_tile<2>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
-        mbar_cp_async_arrive(qdo_bar);
-        mbar_arrive(qdo_bar);
+        mbar_arrive_after_cp_async(qdo_bar);
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
         sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, free_bar, wtid);
         return;

@@ -79,8 +79,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
 #pragma unroll
             for (int gg = 0; gg < 8; ++gg) hopper::cp_async16_to(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
         }
-        hopper::mbar_cp_async_arrive(ready_bar + buf);
-        hopper::mbar_arrive(ready_bar + buf);
+        hopper::mbar_arrive_after_cp_async(ready_bar + buf);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
