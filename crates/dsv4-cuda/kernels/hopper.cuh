@@ -74,26 +74,15 @@ __device__ __forceinline__ void mbar_init(u64* bar, int count) {
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
-// An arrival that fires when every cp.async this thread issued before it has landed. The
-// pending count is raised first (no .noinc), so it pairs with one plain arrival of the
-// same thread: init the barrier with one count per thread.
-__device__ __forceinline__ void mbar_cp_async_arrive(u64* bar) {
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-// A producer thread's hand-off of what it loaded (cp.async) and stored (st.shared) since
-// its last one: the phase completes once its copies landed (asynchronous arrival) and its
-// plain arrival, a release for its stores, is in. Barrier count: one per producer thread.
-// DSV4_CP_ASYNC_NOINC=1 (DIAGNOSTIC only, through DSV4_EXTRA_DEFINES): the asynchronous
-// arrival alone (.noinc), no plain one, to see whether compute-sanitizer's synccheck
-// "Missing wait" on the plain arrival is about two arrivals of one thread in one phase.
-// That variant does not release the thread's st.shared stores: not for production.
+// A copying thread's one arrival per phase: fires once every cp.async this thread issued
+// before it has landed (.noinc: it counts as one of the barrier's expected arrivals, so
+// init the barrier with one count per copying thread). It does NOT release the thread's
+// plain st.shared stores: publish those through a separate barrier (mbar_arrive). One
+// arrival per thread and phase is also what compute-sanitizer's synccheck accepts (an
+// asynchronous plus a plain arrival of one thread in one phase is reported as
+// "Missing wait", docs/perf.md v6).
 __device__ __forceinline__ void mbar_arrive_after_cp_async(u64* bar) {
-#if defined(DSV4_CP_ASYNC_NOINC) && DSV4_CP_ASYNC_NOINC
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-#else
-    mbar_cp_async_arrive(bar);
-    mbar_arrive(bar);
-#endif
 }
 // Wait until the phase with parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {

@@ -90,8 +90,8 @@ constexpr int kLseOff = kKeysOff + kNBuf * kBN * 4;   // float [64]: lse * log2 
 constexpr int kDeltaOff = kLseOff + kHB * 4;          // float [64]: <dout, out>
 constexpr int kFlagOff = kDeltaOff + kHB * 4;         // int: a valid slot was seen (16 bytes reserved)
 constexpr int kRowKeysOff = kFlagOff + 16;            // int [1024]: the producer's keys of a chunk of slots
-constexpr int kBarOff = kRowKeysOff + kChunk * 4;     // u64: q/dO, ready[2], free[2]
-constexpr int kBytes = kBarOff + 5 * 8;
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;     // u64: q/dO, ready[2], free[2], keys[2]
+constexpr int kBytes = kBarOff + 7 * 8;
 static_assert(kBarOff % 8 == 0, "mbarriers are 8-byte aligned");
 }  // namespace
 
@@ -100,7 +100,7 @@ static_assert(kBN == sa90::kBN && kGroupBytes == sa90::kGroupBytes && kBlockByte
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90BwdSmemBytes = kBytes + 1024;
 static_assert(kSa90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90BwdSmemBytes == 227128, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
+static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
 
 // dst[0..4] += v: one 16-byte f32 vector reduction (dst 16-byte aligned); each element's
 // add is atomic on its own, no ordering implied.
@@ -133,6 +133,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     u64* qdo_bar = reinterpret_cast<u64*>(smem + kBarOff);
     u64* ready_bar = qdo_bar + 1;  // [buffer]: the producer's 128 threads
     u64* free_bar = qdo_bar + 3;   // [buffer]: both consumers' 256 threads
+    u64* keys_bar = qdo_bar + 5;   // [buffer]: the producer's key writers
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
@@ -149,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         for (int i = 0; i < kNBuf; ++i) {
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
+            mbar_init(keys_bar + i, sa90::kKeyWriters);
         }
         *flag_s = 0;
     }
@@ -165,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
         mbar_arrive_after_cp_async(qdo_bar);
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
-        sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, free_bar, wtid);
+        sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
         return;
     }
 
@@ -241,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         // P = exp2(S sm_scale log2e - lse2), dS = sm_scale P (dP - delta), as bf16 pairs:
         // pp[jj][0 / 1] = P[r0 / r1][8 jj + 2 c4 ..], da = dS in the A layout of wgmma.cuh
         // (da[jj / 2][2 (jj % 2) + 0 / 1] = dS[r0 / r1][8 jj + 2 c4 ..]).
+        mbar_wait(keys_bar + cw, par);
         const int* keys = keys_s + cw * kBN;
         u32 pp[4][2], da[2][4];
 #pragma unroll
@@ -282,6 +285,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         mbar_wait(ready_bar + 1 - cw, par);  // done already (the other consumer waited); orders its data for this thread
         fence_proxy_async();
         // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
+        mbar_wait(keys_bar + 1 - cw, par);  // done already as well
         const int fkey = keys_s[frow];
         any_valid |= fkey >= 0;
 

@@ -71,12 +71,15 @@ constexpr int kKeysOff = kPOff + 2 * kPBytes;      // int [2][64]
 constexpr int kMaxOff = kKeysOff + 2 * kBN * 4;    // float [2][64] published maxima (m0, m1)
 constexpr int kSumOff = kMaxOff + 2 * kHB * 4;     // float [2][64] final row sums
 constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's keys of a chunk of slots
-constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2]
-constexpr int kBytes = kBarOff + 9 * 8;
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2]
+constexpr int kBytes = kBarOff + 11 * 8;
 
-// Named barriers (0 is __syncthreads): the chain's four hand-offs, the final sums, and one
-// per consumer for the output staging.
-constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarSums = 5, kBarStage = 6;
+// Named barriers (0 is __syncthreads): the chain's four hand-offs, one per consumer for the
+// output staging (6, 7), the producer's own (8), the final sums' hand-offs (9, 10: consumer
+// c arrives on 9 + c and waits on the other; every hand-off between the consumers is an
+// arrive / sync pair, as their code differs).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarStage = 6, kBarSums = 9;
+constexpr int kKeyWriters = 16;  // producer threads that store a block's keys (j = 0)
 }  // namespace
 
 static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh loads them");
@@ -84,7 +87,7 @@ static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90SmemBytes == 219720, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
+static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
 
 namespace {
 __device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
@@ -99,6 +102,7 @@ struct ConsumerCtx {
     u64* q_bar;
     u64* ready_bar;
     u64* free_bar;
+    u64* keys_bar;
     i64 row;
     int h0, n_iters, wtid;
 };
@@ -178,6 +182,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
 
         // Scale, mask (one key a lane, two ballots), this block's row maxima.
+        mbar_wait(x.keys_bar + cw, it & 1);
         const u32 valid_lo = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + lane] >= 0);
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
         float pm0 = neg_inf(), pm1 = neg_inf();
@@ -333,7 +338,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         sum_s[cw * kHB + r0] = l0;
         sum_s[cw * kHB + r1] = l1;
     }
-    named_sync(kBarSums, 256);  // also: every S product is done, so the Q area is free
+    named_arrive(kBarSums + cw, 256);
+    named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
 
@@ -374,6 +380,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     u64* q_bar = reinterpret_cast<u64*>(smem + kBarOff);
     u64* ready_bar = q_bar + 1;  // [buffer][half]: the producer's 128 threads
     u64* free_bar = q_bar + 5;   // [buffer][half]: both consumers' 256 threads
+    u64* keys_bar = q_bar + 9;   // [buffer]: the producer's key writers
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
@@ -389,6 +396,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
         }
+        for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, kKeyWriters);
     }
     __syncthreads();
 
@@ -425,6 +433,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
 #pragma unroll
                     for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
+                    mbar_arrive(keys_bar + buf);
                 }
                 const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
 #pragma unroll
@@ -444,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     // ---------------- consumers ----------------
     regs_inc<232>();
-    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, row, h0, n_iters, wtid};
+    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid};
     if (wg == 1) {
         consume<0>(p, ctx);
     } else {

@@ -1,7 +1,8 @@
 // The producer warpgroup of the Hopper attention kernels (fwd_sm90.cu, bwd_sm90.cu): the
 // 64-head tiles of a query row (Q, dO) and the row's slots gathered in blocks of 32 keys
 // into a ring of SW128 buffers, each buffer with a "ready" mbarrier (this warpgroup's 128
-// threads arrive, their copies included) and a "free" one (the consumers arrive).
+// threads' copies landed), a "keys" one (the block's slot keys stored) and a "free" one
+// (the consumers arrive).
 #pragma once
 
 #include "common.cuh"
@@ -16,6 +17,7 @@ constexpr int kChunk = 1024;            // slot keys read per index pass
 constexpr int kGroupBytes = kBN * 128;  // one SW128 group (64 columns) of a block
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
 constexpr int kTileGroupBytes = 64 * 128;     // one SW128 group of a 64-row head tile
+constexpr int kKeyWriters = 16;               // producer threads that store a block's keys
 
 // A [64 heads x 512] bf16 tile of one query row into SW128 groups at `base`: rows h0 + r
 // of `row` (head stride `sh`); heads >= H are zero rows (`any`: a mapped address never read).
@@ -46,11 +48,12 @@ struct SlotSource {
 // block blk goes to buffer blk % NBUF once that buffer's previous block is freed. Slot keys
 // are read 1024 at a time (all of a chunk's index loads in flight at once) into `row_keys`
 // ([1024] i32, only the producer reads it); each block's keys also go to `keys_s[buf][32]`
-// (-1: masked) for the consumers' masks. Thread t copies chunk j = t % 8 of rows t / 8 and
-// t / 8 + 16 in every group; masked rows are zero-filled. Named barrier 5 syncs the
-// producer's 128 threads.
+// (-1: masked) for the consumers' masks, published by `keys_bar[buf]` (count kKeyWriters:
+// the threads with j = 0). Thread t copies chunk j = t % 8 of rows t / 8 and t / 8 + 16 in
+// every group; masked rows are zero-filled. Named barrier 5 syncs the producer's 128
+// threads.
 template <int NBUF>
-__device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* free_bar, int wtid) {
+__device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
     const int j = wtid % 8, r_base = wtid / 8;
     for (int blk = 0; blk < n_blocks; ++blk) {
         const int slot0 = blk * kBN;
@@ -69,6 +72,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
         if (j == 0) {
             keys_s[buf * kBN + r_base] = keys[0];
             keys_s[buf * kBN + r_base + 16] = keys[1];
+            hopper::mbar_arrive(keys_bar + buf);
         }
         const u32 dst = kv_base + buf * kBlockBytes;
 #pragma unroll
