@@ -165,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         // Q and dO, one tile after the other (fewer live registers).
         sa90::load_head_tile<2>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
-        mbar_arrive_after_cp_async(qdo_bar);
+        sa90::producer_handoff(qdo_bar);
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
         sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
         return;
@@ -225,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         // S = Q K^T, dP = dO K^T over the 8 column groups.
         float sc[16], dp[16];
         mbar_wait(ready_bar + cw, par);
-        fence_proxy_async();
+        sa90::consumer_after_ready();
         wgmma_fence();
         const u64 kd0 = sw128_desc(my_kv, 16, 1024), qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
 #pragma unroll
@@ -283,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         named_sync(2, 256);  // B: the pair's dS, P^T, dS^T written
 
         mbar_wait(ready_bar + 1 - cw, par);  // done already (the other consumer waited); orders its data for this thread
-        fence_proxy_async();
+        sa90::consumer_after_ready();
         // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
         mbar_wait(keys_bar + 1 - cw, par);  // done already as well
         const int fkey = keys_s[frow];

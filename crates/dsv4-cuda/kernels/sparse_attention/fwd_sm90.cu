@@ -155,7 +155,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     auto issue_s_half = [&](int it, int hh) {
         const int half = hh ^ cw;
         mbar_wait(ready_bar + cw * 2 + half, it & 1);
-        fence_proxy_async();
+        sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
@@ -296,7 +296,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 
         // O[:, my half] += P_other V_other (A from shared memory, both at the pair's max).
         mbar_wait(ready_bar + (1 - cw) * 2 + cw, par);  // landed already (the other consumer waited); orders it for this thread
-        fence_proxy_async();
+        sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
@@ -404,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         // ---------------- producer ----------------
         regs_dec<40>();
         sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
-        mbar_arrive_after_cp_async(q_bar);
+        sa90::producer_handoff(q_bar);
         // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
         // t / 8 + 16 i (i < 4) in the 4 groups of a half.
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
@@ -442,9 +442,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     const int key = keys[r];
                     const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
 #pragma unroll
-                    for (int gg = 0; gg < 4; ++gg) cp_async16_to(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                    for (int gg = 0; gg < 4; ++gg) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
                 }
-                mbar_arrive_after_cp_async(ready_bar + buf * 2 + half);
+                sa90::producer_handoff(ready_bar + buf * 2 + half);
             }
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");

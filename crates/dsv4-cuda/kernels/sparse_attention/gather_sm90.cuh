@@ -9,8 +9,55 @@
 #include "hopper.cuh"
 #include "sparse_attention/tile.cuh"
 
+// Variants timed through DSV4_EXTRA_DEFINES (docs/perf.md v6; defaults are production):
+// DSV4_SA90_HANDOFF, how the producer's cp.async data reaches the consumers' wgmma (which
+// reads shared memory through the async proxy):
+//   0 (default): one asynchronous arrival per producer thread (.noinc); each consumer
+//     issues fence.proxy.async after its wait.
+//   1: DIAGNOSTIC ONLY, no proxy fence anywhere (not valid by the PTX memory model; it
+//     measures what the consumers' fences cost).
+//   2: the producer waits for its own copies, fences and arrives (a plain arrival: its
+//     stores are released too); the consumers do not fence. Copies of one hand-off are no
+//     longer in flight while the producer issues the next.
+// DSV4_SA90_L2_PREFETCH=1: the K/V gathers ask L2 to fetch the 256-byte segment around
+// each 16-byte copy (.L2::256B; a kv row is 1 KiB, copied by 8 threads x 16 bytes a group).
+#ifndef DSV4_SA90_HANDOFF
+#define DSV4_SA90_HANDOFF 0
+#endif
+#ifndef DSV4_SA90_L2_PREFETCH
+#define DSV4_SA90_L2_PREFETCH 0
+#endif
+
 namespace dsv4 {
 namespace sa90 {
+
+// The producer thread's hand-off of its copies (and stores) since the last one to `bar`
+// (count: the producer's 128 threads).
+__device__ __forceinline__ void producer_handoff(u64* bar) {
+#if DSV4_SA90_HANDOFF == 2
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    hopper::fence_proxy_async();
+    hopper::mbar_arrive(bar);
+#else
+    hopper::mbar_arrive_after_cp_async(bar);
+#endif
+}
+
+// What a consumer does after its wait on a "ready" barrier, before wgmma reads the data.
+__device__ __forceinline__ void consumer_after_ready() {
+#if DSV4_SA90_HANDOFF == 0
+    hopper::fence_proxy_async();
+#endif
+}
+
+// One 16-byte K/V gather copy (see DSV4_SA90_L2_PREFETCH); `valid == false` zero-fills.
+__device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) {
+#if DSV4_SA90_L2_PREFETCH
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+    hopper::cp_async16_to(dst, src, valid);
+#endif
+}
 
 constexpr int kBN = 32;                 // slots per block
 constexpr int kChunk = 1024;            // slot keys read per index pass
@@ -81,9 +128,9 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             const int key = keys[i];
             const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
 #pragma unroll
-            for (int gg = 0; gg < 8; ++gg) hopper::cp_async16_to(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
+            for (int gg = 0; gg < 8; ++gg) kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
         }
-        hopper::mbar_arrive_after_cp_async(ready_bar + buf);
+        producer_handoff(ready_bar + buf);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
