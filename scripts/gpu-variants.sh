@@ -12,6 +12,11 @@
 # gpu_sparse_attention:small_deterministic`; e.g. `gpu_indexer:small_` for the indexer) and
 # `dsv4 bench <bench args>` (default `sparse-attention --iters 20`), one block per ref. A ref that fails a test is
 # marked so; its timings are still shown (wrong kernels are sometimes fast: read both).
+#
+# Variants behind defines (no rebuild; the binaries staged by scripts/gpu-build.sh):
+#   bash scripts/gpu-variants.sh defines "test filters" "bench args" "" "A=1" "A=2,B=1" ...
+# runs, for each define set (passed as DSV4_EXTRA_DEFINES; "" = the defaults), the tests
+# and `.dev/gpu/dsv4 bench <bench args>`, each set with its own kernel cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=.dev/variants          # staged binaries: carried to the GPU machine
@@ -78,8 +83,27 @@ run)
     timeout 300 "$d/dsv4" bench $bench 2>&1 | grep -E "sparse_attention|indexer|sinkhorn|qnorm" | cut -c1-140
   done
   ;;
+defines)
+  filter=$1 bench=$2
+  shift 2
+  export DSV4_GOLDEN_DIR=$PWD/.dev/gpu/golden DSV4_SHARED_DIR=$PWD/.dev/gpu/no-shared RUST_BACKTRACE=1
+  for defs in "$@"; do
+    echo "==================== DSV4_EXTRA_DEFINES=\"$defs\""
+    export DSV4_EXTRA_DEFINES=$defs DSV4_CACHE_DIR=$PWD/.dev/gpu/kernel-cache-$(echo "${defs:-default}" | tr -c 'A-Za-z0-9_\n' '_')
+    status=ok
+    for bf in $filter; do
+      bin=${bf%%:*} f=${bf#*:}
+      log=$DSV4_CACHE_DIR.test-$bin-$f.log
+      timeout 300 ".dev/gpu/tests/$bin" --include-ignored --test-threads=1 "$f" > "$log" 2>&1 || status="FAILED ($bf)"
+      grep -E "^test |test result" "$log" | grep -v "^test result: ok. 0 passed"
+    done
+    echo "tests: $status"
+    # shellcheck disable=SC2086
+    timeout 300 .dev/gpu/dsv4 bench $bench 2>&1 | grep -E "sparse_attention|indexer|sinkhorn|qnorm" | cut -c1-140
+  done
+  ;;
 *)
-  echo "usage: $0 build <git ref>... | run [\"test filters\"] [\"bench args\"]"
+  echo "usage: $0 build <git ref>... | run [\"test filters\"] [\"bench args\"] | defines \"test filters\" \"bench args\" <define set>..."
   exit 2
   ;;
 esac
