@@ -250,10 +250,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         for (int jj = 0; jj < 4; ++jj) {
             const int col = 8 * jj + 2 * c4;
             const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
-            const float p00 = v0 ? exp2f(sc[4 * jj + 0] * s_scale - lse0) : 0.0f;
-            const float p01 = v1 ? exp2f(sc[4 * jj + 1] * s_scale - lse0) : 0.0f;
-            const float p10 = v0 ? exp2f(sc[4 * jj + 2] * s_scale - lse1) : 0.0f;
-            const float p11 = v1 ? exp2f(sc[4 * jj + 3] * s_scale - lse1) : 0.0f;
+            const float p00 = v0 ? sa90::exp2_p(sc[4 * jj + 0] * s_scale - lse0) : 0.0f;
+            const float p01 = v1 ? sa90::exp2_p(sc[4 * jj + 1] * s_scale - lse0) : 0.0f;
+            const float p10 = v0 ? sa90::exp2_p(sc[4 * jj + 2] * s_scale - lse1) : 0.0f;
+            const float p11 = v1 ? sa90::exp2_p(sc[4 * jj + 3] * s_scale - lse1) : 0.0f;
             pp[jj][0] = pack_bf16(p00, p01);
             pp[jj][1] = pack_bf16(p10, p11);
             da[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[4 * jj + 0] - de0), p.sm_scale * p01 * (dp[4 * jj + 1] - de0));

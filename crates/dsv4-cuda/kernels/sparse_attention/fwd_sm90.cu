@@ -211,7 +211,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             pm1 = fmaxf(pm1, max_s[r1]);
         }
         const float mn0 = fmaxf(m0, pm0), mn1 = fmaxf(m1, pm1);
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        const float al0 = sa90::exp2_p(m0 - mn0), al1 = sa90::exp2_p(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
         if (c4 == 0) {
@@ -225,10 +225,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
-            sc[4 * jj + 0] = exp2f(sc[4 * jj + 0] - mn0);
-            sc[4 * jj + 1] = exp2f(sc[4 * jj + 1] - mn0);
-            sc[4 * jj + 2] = exp2f(sc[4 * jj + 2] - mn1);
-            sc[4 * jj + 3] = exp2f(sc[4 * jj + 3] - mn1);
+            sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mn0);
+            sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mn0);
+            sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mn1);
+            sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mn1);
             ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
             ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
             pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0], sc[4 * jj + 1]);
@@ -265,7 +265,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         if constexpr (cw == 0) {
             // Rescale P0 to the pair's max m1 and hand it to consumer 1; O_L and l too.
             named_sync(kBarM1, 256);
-            const float f0 = exp2f(mn0 - max_s[kHB + r0]), f1 = exp2f(mn1 - max_s[kHB + r1]);
+            const float f0 = sa90::exp2_p(mn0 - max_s[kHB + r0]), f1 = sa90::exp2_p(mn1 - max_s[kHB + r1]);
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r0, jj) + 4 * c4), "r"(pack_bf16(sc[4 * jj + 0] * f0, sc[4 * jj + 1] * f0)) : "memory");

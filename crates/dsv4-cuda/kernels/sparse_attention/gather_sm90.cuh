@@ -21,11 +21,16 @@
 //     longer in flight while the producer issues the next.
 // DSV4_SA90_L2_PREFETCH=1: the K/V gathers ask L2 to fetch the 256-byte segment around
 // each 16-byte copy (.L2::256B; a kv row is 1 KiB, copied by 8 threads x 16 bytes a group).
+// DSV4_SA90_FAST_EXP2=1: the consumers' exp2 is ex2.approx.ftz (exp2f adds range fix-ups
+// for results below 2^-126; flushed to zero instead, where P <= 1 and the row sum >= 1).
 #ifndef DSV4_SA90_HANDOFF
 #define DSV4_SA90_HANDOFF 0
 #endif
 #ifndef DSV4_SA90_L2_PREFETCH
 #define DSV4_SA90_L2_PREFETCH 0
+#endif
+#ifndef DSV4_SA90_FAST_EXP2
+#define DSV4_SA90_FAST_EXP2 0
 #endif
 
 namespace dsv4 {
@@ -47,6 +52,17 @@ __device__ __forceinline__ void producer_handoff(u64* bar) {
 __device__ __forceinline__ void consumer_after_ready() {
 #if DSV4_SA90_HANDOFF == 0
     hopper::fence_proxy_async();
+#endif
+}
+
+// 2^x for the softmax (see DSV4_SA90_FAST_EXP2).
+__device__ __forceinline__ float exp2_p(float x) {
+#if DSV4_SA90_FAST_EXP2
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
 #endif
 }
 
