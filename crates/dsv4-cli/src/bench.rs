@@ -195,6 +195,14 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     bn.flops("indexer scores", &shape, ms, flops, "materialised [B,S,P]");
     let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
     bn.flops("indexer scores+top-k fused", &shape, ms, flops, "");
+    // The same selection through the bounded-scratch path (dense scores of a block of
+    // queries, then topk.cu): one scratch for all rows, and an L2-sized one (32 MiB).
+    let mut sel_idx = bn.gpu.alloc(DType::I32, &[b, s, k])?;
+    let mut sel_val = bn.gpu.alloc(DType::F32, &[b, s, k])?;
+    for (scratch, label) in [(dsv4_cuda::indexer::FUSED_SCRATCH_BYTES, "indexer scores+top-k chunked 256M"), (32 << 20, "indexer scores+top-k chunked 32M")] {
+        let ms = bn.time(|| dsv4_cuda::indexer::chunked_topk(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), scratch))?;
+        bn.flops(label, &shape, ms, flops, "scores then topk.cu, block after block");
+    }
     let sel = st.put(&random_selection(rng, b, s, p, r, k), &[b, s, k], DType::I32)?;
     let g = st.put(&rng.vec(b * s * k, -1.0f32, 1.0), &[b, s, k], DType::F32)?;
     let sel_flops = 2.0 * (h * d) as f64 * sel.to_i64_vec()?.iter().filter(|&&v| v >= 0).count() as f64;
