@@ -14,13 +14,44 @@
 // For n >= 7 the matrix v also lives in shared memory ([e][thread], after the tape): v and
 // g together would not fit in registers.
 //
+// Variants (untimed, branch exp/sinkhorn-variants; n <= 6 only, n >= 7 keeps the code
+// below), same shared-memory tape size, still f64 (any f32 stage, the softmax included,
+// misses the per-row 1e-5 bound: scripts/sinkhorn_bwd_emulate.py):
+//   DSV4_SINKHORN_BWD_VARIANT=1: scaled-gradient sweep. The forward runs on scale factors,
+//     y = diag(a) K diag(b) with K = softmax + eps, keeping alpha = 1/a and beta = 1/b:
+//       rows: alpha_i = sum_j K_ij b_j + eps alpha_i (= den_i / a_i), a_i = 1 / alpha_i
+//     and the tape holds the factor each step sets. The reverse walks gt = dL/dy * (a b^T)
+//     (= h / K with h = y * dL/dy), for which a step's reverse has no division:
+//       rows:  H_i = sum_j K_ij gt_ij,  gt -= (a * H) b^T
+//       cols:  C_j = sum_i K_ij gt_ij,  gt -= a (b * C)^T
+//     gt starts as dout * (a b^T) and ends as dL/dy0 (a = b = 1 before step 0). Per step
+//     ~64 f64 instructions and 4 MUFU.RCP64H instead of ~128 and 8. Reciprocals: one
+//     Newton step (error ~1e-12; the result moves by ~1e-9 of the row scale).
+//   DSV4_SINKHORN_BWD_VARIANT=2: variant 1 with two Newton steps per reciprocal (in case
+//     MUFU.RCP64H's seed is coarser than 2^-19), +8 DFMA per step.
+//
 // dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_VARIANT=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_VARIANT=2
+// dsv4-test-defines: SINKHORN_N=6 DSV4_SINKHORN_BWD_VARIANT=1
+// dsv4-test-defines: SINKHORN_N=1 DSV4_SINKHORN_BWD_VARIANT=1
+// dsv4-test-defines: SINKHORN_N=8 DSV4_SINKHORN_BWD_VARIANT=1
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
 #include "sinkhorn/sinkhorn.cuh"
+
+// 0: the v2 kernel; 1, 2: the scaled-gradient sweep (above), for n <= 6.
+#ifndef DSV4_SINKHORN_BWD_VARIANT
+#define DSV4_SINKHORN_BWD_VARIANT 0
+#endif
+#if DSV4_SINKHORN_BWD_VARIANT != 0 && SINKHORN_N <= 6
+#define SINKHORN_SCALED 1
+#else
+#define SINKHORN_SCALED 0
+#endif
 
 using namespace sinkhorn;
 
@@ -85,6 +116,134 @@ template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&
         }
     }
 }
+
+#if SINKHORN_SCALED
+// 1 / d for a normal positive d: MUFU.RCP64H refined by BWD_VARIANT Newton steps.
+__device__ __forceinline__ double rcp_n(double d) {
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
+    r = fma(r, fma(-d, r, 1.0), r);
+#if DSV4_SINKHORN_BWD_VARIANT >= 2
+    r = fma(r, fma(-d, r, 1.0), r);
+#endif
+    return r;
+}
+
+// Forward step on the factors: rows (ROWS) al_i = sum_j K_ij b_j + eps al_i, a_i = 1/al_i;
+// columns alike with (b, be) from a. The new factors go to tape[e*T].
+template <bool ROWS>
+__device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&f)[N], double (&inv_f)[N], const double (&other)[N], double eps, double* tape, int T) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+        double s = eps * inv_f[e];
+#pragma unroll
+        for (int k = 0; k < N; ++k) s = fma(K[at<ROWS>(e, k)], other[k], s);
+        inv_f[e] = s;
+        f[e] = rcp_n(s);
+        tape[e * T] = f[e];
+    }
+}
+
+// Reverse of a step with factors (a, b) after it: S_e = sum_k K gt along the axis;
+// rows: gt_ij -= (a_i S_i) b_j; columns: gt_ij -= a_i (b_j S_j).
+template <bool ROWS>
+__device__ __forceinline__ void scaled_bwd_step(const double (&K)[NN], double (&gt)[NN], const double (&a)[N], const double (&b)[N]) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+        double s = 0.0;
+#pragma unroll
+        for (int k = 0; k < N; ++k) s = fma(K[at<ROWS>(e, k)], gt[at<ROWS>(e, k)], s);
+        const double c = (ROWS ? a[e] : b[e]) * s;
+#pragma unroll
+        for (int k = 0; k < N; ++k) gt[at<ROWS>(e, k)] = fma(-c, ROWS ? b[k] : a[k], gt[at<ROWS>(e, k)]);
+    }
+}
+
+__device__ __forceinline__ void load_factors(double (&f)[N], const double* tape, int T) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) f[e] = tape[e * T];
+}
+
+extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
+    extern __shared__ double smem[];  // tape [2*repeat-1][N][T]: the factor set by each step
+    const int T = blockDim.x, t = threadIdx.x;
+    const i64 m = (i64)blockIdx.x * T + t;
+    if (m >= p.matrices) return;  // no block-wide synchronisation below
+    double* tape = smem + t;
+    const i64 step = (i64)N * T;  // one step's slice of the tape
+    const double eps = (double)p.eps;
+    // K = softmax(x) + eps, in f64 (as the v2 kernel).
+    double K[NN];
+    {
+        float x[NN];
+        load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            float mx = x[i * N];
+#pragma unroll
+            for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[i * N + j]);
+            double s = 0.0;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                K[i * N + j] = exp((double)x[i * N + j] - (double)mx);
+                s += K[i * N + j];
+            }
+            const double inv = 1.0 / s;
+#pragma unroll
+            for (int j = 0; j < N; ++j) K[i * N + j] = K[i * N + j] * inv + eps;
+        }
+    }
+    // Forward: step 0 (columns), then (rows, columns) repeat - 1 times; tape[k] = the
+    // factor step k set (b for columns, a for rows).
+    double a[N], b[N], al[N], be[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) a[e] = 1.0, b[e] = 1.0, al[e] = 1.0, be[e] = 1.0;
+    scaled_fwd_step<false>(K, b, be, a, eps, tape, T);
+    for (int r = 1; r < p.repeat; ++r) {
+        scaled_fwd_step<true>(K, a, al, b, eps, tape + (2 * r - 1) * step, T);
+        scaled_fwd_step<false>(K, b, be, a, eps, tape + (2 * r) * step, T);
+    }
+    // gt = dout * (a b^T) with the final factors.
+    double gt[NN];
+    {
+        float d[NN];
+        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+            for (int j = 0; j < N; ++j) gt[i * N + j] = (double)d[i * N + j] * a[i] * b[j];
+    }
+    // Reverse: column step 2r has factors (a of step 2r-1, b of step 2r), row step 2r-1
+    // (a of step 2r-1, b of step 2r-2); (a, b) in registers enter as the last step's.
+    for (int r = p.repeat - 1; r >= 1; --r) {
+        scaled_bwd_step<false>(K, gt, a, b);
+        load_factors(b, tape + (2 * r - 2) * step, T);
+        scaled_bwd_step<true>(K, gt, a, b);
+        if (r >= 2) {
+            load_factors(a, tape + (2 * r - 3) * step, T);
+        } else {
+#pragma unroll
+            for (int e = 0; e < N; ++e) a[e] = 1.0;
+        }
+    }
+    scaled_bwd_step<false>(K, gt, a, b);  // step 0: a = 1, b = tape[0]
+    // Softmax over each row: dx = z * (g - <g, z>), z = K - eps, g = gt.
+    float dx[NN];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        double z[N];
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            z[j] = K[i * N + j] - eps;
+            s = fma(gt[i * N + j], z[j], s);
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) dx[i * N + j] = (float)(z[j] * (gt[i * N + j] - s));
+    }
+    store_matrix(p.out, m, dx);
+}
+#else  // !SINKHORN_SCALED: the v2 kernel
 
 extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
     extern __shared__ double smem[];  // tape [2*repeat-1][N][T]; then, n >= 7, v [NN][T]
@@ -153,3 +312,4 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     }
     store_matrix(p.out, m, dx);
 }
+#endif  // SINKHORN_SCALED

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Forward variants of the Sinkhorn kernel (SPEC.md section 4) replayed in f32 with numpy
+and judged like the GPU tests (max |got - ref| / max |ref row|, rows of n, f64 reference).
+Companion of sinkhorn_bwd_emulate.py (same conventions: FMA = one rounding; MUFU results
++-1 ulp at random). CPU only; not a measurement of any GPU.
+
+    python3 scripts/sinkhorn_fwd_emulate.py [--m 262144]
+"""
+import argparse
+
+import numpy as np
+
+from sinkhorn_bwd_emulate import f32, f64, fma, rcp32, row_err, softmax64, softmax_eps32, steps, normal3
+
+
+def ref_forward(x, repeat, eps):
+    y = softmax64(x.astype(f64)) + eps
+    for k in steps(repeat):
+        y = y / (eps + y.sum(axis=-1 if k == "rows" else -2, keepdims=True))
+    return y
+
+
+def matvec(K, v, kind):
+    """s_i = sum_j K_ij v_j (rows) or s_j = sum_i K_ij v_i (cols), FMA chains in index order."""
+    n = K.shape[-1]
+    s = np.zeros(K.shape[:-1], f32)
+    for t in range(n):
+        s = fma(K[:, :, t], v[:, t:t + 1], s) if kind == "rows" else fma(K[:, t, :], v[:, t:t + 1], s)
+    return s
+
+
+def fwd_v0(x, repeat, eps):
+    """The current kernel: a_i *= rcp(a_i s_i + eps)."""
+    _, K = softmax_eps32(x, eps)
+    a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); e = np.full_like(a, f32(eps))
+    for k in steps(repeat):
+        if k == "rows":
+            a = (a * rcp32(fma(a, matvec(K, b, "rows"), e))).astype(f32)
+        else:
+            b = (b * rcp32(fma(b, matvec(K, a, "cols"), e))).astype(f32)
+    return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
+
+
+def pair_rcp(d, pairs):
+    """1/d per column of d [M, n]: columns (2p, 2p+1) for p < pairs share one reciprocal:
+    r = rcp(d0 d1); 1/d0 = r d1, 1/d1 = r d0. The rest: one rcp each."""
+    out = np.empty_like(d)
+    n = d.shape[-1]
+    done = 0
+    for p in range(pairs):
+        i, j = 2 * p, 2 * p + 1
+        if j >= n:
+            break
+        r = rcp32((d[:, i] * d[:, j]).astype(f32))
+        out[:, i] = (r * d[:, j]).astype(f32)
+        out[:, j] = (r * d[:, i]).astype(f32)
+        done = j + 1
+    for i in range(done, n):
+        out[:, i] = rcp32(d[:, i])
+    return out
+
+
+def fwd_v1(x, repeat, eps, pairs=1):
+    """FWD_VARIANT=1: alpha = 1/a kept beside a; alpha <- K b + eps alpha (den / a, no
+    multiply by a), a <- 1/alpha with `pairs` pairs of denominators sharing one MUFU."""
+    _, K = softmax_eps32(x, eps)
+    a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
+    e = f32(eps)
+    for k in steps(repeat):
+        if k == "rows":
+            al = fma(np.full_like(al, e), al, matvec(K, b, "rows"))
+            a = pair_rcp(al, pairs)
+        else:
+            be = fma(np.full_like(be, e), be, matvec(K, a, "cols"))
+            b = pair_rcp(be, pairs)
+    return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
+
+
+def fwd_v2(x, repeat, eps):
+    """FWD_VARIANT=2: the v2 steps, den = a s + eps, with entries 0 and 1 sharing a MUFU."""
+    _, K = softmax_eps32(x, eps)
+    a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); e = np.full_like(a, f32(eps))
+    for k in steps(repeat):
+        if k == "rows":
+            a = (a * pair_rcp(fma(a, matvec(K, b, "rows"), e), 1)).astype(f32)
+        else:
+            b = (b * pair_rcp(fma(b, matvec(K, a, "cols"), e), 1)).astype(f32)
+    return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=1 << 18)
+    args = ap.parse_args()
+    rng = np.random.default_rng(3)
+    m = args.m
+    sets = [
+        (f"bench {m} x 4x4 (x U(-3,3))", rng.uniform(-3, 3, (m, 4, 4)).astype(f32), 20, 1e-6),
+        (f"gpu test {m} x 4x4 (x 2*normal3)", 2 * normal3(rng, (m, 4, 4)), 20, 1e-6),
+        (f"gpu test {m // 4} x 8x8", 2 * normal3(rng, (m // 4, 8, 8)), 20, 1e-6),
+        (f"gpu test {m // 4} x 5x5 repeat 10", 2 * normal3(rng, (m // 4, 5, 5)), 10, 1e-6),
+        ("gpu test 4096 x 8x8 eps 1e-3 repeat 7", 2 * normal3(rng, (4096, 8, 8)), 7, 1e-3),
+        ("x 8*normal3 4096 x 4x4 (extreme logits)", 8 * normal3(rng, (4096, 4, 4)), 20, 1e-6),
+    ]
+    for name, x, rep, eps in sets:
+        n = x.shape[-1]
+        ref = ref_forward(x, rep, eps)
+        print(f"== {name}")
+        for cname, fn in [("v0 (current)", fwd_v0), ("v1 alpha, 1 pair", fwd_v1), ("v2 den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8))]:
+            print(f"   {cname:24s} per row {row_err(fn(x, rep, eps), ref, n):.2e}")
+
+
+if __name__ == "__main__":
+    main()
