@@ -169,6 +169,38 @@ fn fast_grid(gpu: &Gpu, rows: usize, shape: (usize, usize, usize), backward: boo
     needed.min(wave).max(1) as u32
 }
 
+/// An experimental variant of the fast kernels (qnorm_rope.cuh: `DSV4_QNORM_FWD_VARIANT`,
+/// `DSV4_QNORM_BWD_VARIANT`, ring depth `QR_STAGES`) as `DSV4_EXTRA_DEFINES` sets it: the
+/// kernels see the same define, the launcher sizes their grid and shared memory from it;
+/// `default` when absent or not a number.
+fn extra_define(name: &str, default: usize) -> usize {
+    crate::runtime::extra_define(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Resident blocks per SM of a ring variant: what its registers are sized for
+/// (QR_RING_FWD_MINB / QR_RING_BWD_MINB), bounded by its dynamic shared memory (1 KiB a
+/// block reserved by the driver).
+fn ring_grid(gpu: &Gpu, rows: usize, (lpr, cpl, u): (usize, usize, usize), smem: usize, backward: bool) -> u32 {
+    let by_regs = if backward && cpl * u > 2 { 2 } else { 3 };
+    let per_sm = (gpu.props().max_shared_per_sm as usize / (smem + 1024)).clamp(1, by_regs);
+    let needed = rows.div_ceil(u).div_ceil(FAST_THREADS / lpr);
+    needed.min(gpu.props().sm_count as usize * per_sm).max(1) as u32
+}
+
+/// Dynamic shared memory of a ring variant: `bulk` = the bulk-copy layout (mbarriers, then
+/// whole rows per lane group), else the cp.async layout (16-byte slots per lane); `tensors`
+/// rows a stage row (x; or x and grad), `rstd` adds the backward's per-lane rstd slots.
+fn ring_smem((lpr, cpl, u): (usize, usize, usize), c: usize, stages: usize, bulk: bool, tensors: usize, rstd: bool) -> usize {
+    let warps = FAST_THREADS / 32;
+    let rows = if bulk {
+        let groups = FAST_THREADS / lpr;
+        (groups * stages * 8).next_multiple_of(128) + groups * stages * u * tensors * c * 2
+    } else {
+        warps * stages * u * tensors * cpl * 32 * 16
+    };
+    rows + if rstd { warps * stages * u * 32 * 4 } else { 0 }
+}
+
 fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
     rows.div_ceil(warps).min(gpu.props().sm_count as usize * 32).max(1) as u32
 }
@@ -215,6 +247,26 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
         d.extend(fast_defines(shape, cs_vec));
+        // Experimental variants (qnorm_rope.cuh); 0, the default, launches as before.
+        let variant = extra_define("DSV4_QNORM_FWD_VARIANT", 0);
+        if variant != 0 {
+            let shape = if variant == 2 { (shape.0, shape.1, (8 / shape.1).clamp(1, 4)) } else { shape };
+            let mut d = defines.to_vec();
+            d.extend(fast_defines(shape, cs_vec));
+            let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
+            let (grid, smem) = if variant <= 2 {
+                (rows.div_ceil(shape.2).div_ceil(FAST_THREADS / shape.0).max(1) as u32, 0)
+            } else {
+                let bulk = variant == 4 && gpu.props().arch == "sm_90a";
+                let smem = ring_smem(shape, dm.c, extra_define("QR_STAGES", 4), bulk, 1, false);
+                (ring_grid(gpu, rows, shape, smem, false), smem)
+            };
+            // SAFETY: as for the default launch below (same checks, same params); the ring
+            // variants index `smem` bytes of dynamic shared memory, sized by ring_smem for
+            // the kernel's layout (QR_STAGES as the kernel sees it); bulk copies move whole
+            // rows of C * 2 bytes (a multiple of 16) from 16-byte aligned row starts.
+            return unsafe { k.launch([grid, 1, 1], [FAST_THREADS as u32, 1, 1], smem as u32, &p) };
+        }
         let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
         // SAFETY: x is bf16 with unit channel stride and 16-byte aligned rows, C a multiple
         // of 8 (vector_width, fast_shape): each 16-byte load lies in a row; cos and sin are
@@ -258,6 +310,17 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
         d.extend(fast_defines(shape, cs_vec));
+        // Experimental variants (qnorm_rope.cuh); 0, the default, launches as before.
+        let variant = extra_define("DSV4_QNORM_BWD_VARIANT", 0);
+        if variant != 0 {
+            let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
+            let bulk = variant == 2 && gpu.props().arch == "sm_90a";
+            let smem = ring_smem(shape, dm.c, extra_define("QR_STAGES", 4), bulk, 2, true);
+            // SAFETY: as for the default launch below; the kernel indexes `smem` bytes of
+            // dynamic shared memory, sized by ring_smem for its layout; bulk copies move
+            // whole rows of C * 2 bytes from 16-byte aligned row starts.
+            return unsafe { k.launch([ring_grid(gpu, rows, shape, smem, true), 1, 1], [FAST_THREADS as u32, 1, 1], smem as u32, &p) };
+        }
         let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
         // SAFETY: as in `forward`'s fast path, for x and grad (both bf16, unit channel
         // stride, 16-byte aligned rows, checked by vector_width); rstd contiguous [B*S*H]

@@ -170,6 +170,12 @@ fn extra_defines() -> &'static [(String, String)] {
     })
 }
 
+/// The value `DSV4_EXTRA_DEFINES` gives `name` (the last one if repeated), for launchers
+/// whose grid or shared memory follows a kernel variant's define.
+pub fn extra_define(name: &str) -> Option<&'static str> {
+    extra_defines().iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
 /// Number of CUDA devices (0 when the driver is missing or reports none).
 pub fn device_count() -> Result<usize> {
     driver_library().map_err(Error::Cuda)?;

@@ -60,6 +60,34 @@
 #define QR_FWD_MINB ((QR_CPL * QR_U <= 4 && QR_CS_VEC) ? 3 : 2)
 #define QR_BWD_MINB ((QR_CPL * QR_U <= 2) ? (QR_CS_VEC ? 3 : 2) : 1)
 
+// Experimental variants of the fast kernels (docs/perf.md, "qnorm_rope variants on
+// exp/qnorm-variants"), chosen at run time by DSV4_EXTRA_DEFINES; 0 = the kernels above,
+// unchanged. The launcher (qnorm_rope.rs) reads the same two defines to size its grid.
+//   DSV4_QNORM_FWD_VARIANT 1: one row block per lane group, all loads first, a grid of
+//     every block (round 2's structure), QR_U rows as the launcher picks (2 at C = 512);
+//     2: the same with QR_U = 4 at C = 512 (128 bytes a thread in flight);
+//     3: persistent, rows staged through a QR_STAGES-deep shared-memory ring by 16-byte
+//     cp.async (each lane reads back only the chunks it copied: no barrier);
+//     4: as 3 with one bulk copy (TMA, cp.async.bulk) per row, an mbarrier per stage
+//     (sm_90; 3 elsewhere).
+//   DSV4_QNORM_BWD_VARIANT 1: backward through the cp.async ring (x, grad and rstd);
+//     2: backward through the bulk-copy ring (x and grad; rstd by 4-byte cp.async).
+#ifndef DSV4_QNORM_FWD_VARIANT
+#define DSV4_QNORM_FWD_VARIANT 0
+#endif
+#ifndef DSV4_QNORM_BWD_VARIANT
+#define DSV4_QNORM_BWD_VARIANT 0
+#endif
+// Ring variants: stages per lane group (QR_STAGES - 1 row blocks in flight while one is
+// computed); the launcher reads the same define (default 4) for the shared-memory size.
+#ifndef QR_STAGES
+#define QR_STAGES 4
+#endif
+// Ring variants: resident 256-thread blocks per SM the registers are sized for (the
+// launcher's ring_min_blocks mirrors these and also bounds them by shared memory).
+#define QR_RING_FWD_MINB 3
+#define QR_RING_BWD_MINB ((QR_CPL * QR_U <= 2) ? 3 : 2)
+
 struct QNormRopeParams {
     const void* x;          // logical [B,H,S,C], x's dtype, strides x_stride
     const float* cos;       // [B,S,R] f32, strides cos_stride; entries j < R/2 used
@@ -179,6 +207,155 @@ __device__ __forceinline__ void store_chunk(T* row, i64 c0, const float (&v)[VEC
     } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) row[c0 + i] = dsv4::from_f32<T>(v[i]);
+    }
+}
+
+// ---- variants (DSV4_QNORM_FWD_VARIANT / DSV4_QNORM_BWD_VARIANT != 0) -------------------
+
+// 16 (or 4) bytes global -> shared, asynchronously (sm_80+, L1 bypassed for 16); `valid ==
+// false` writes zeros and reads nothing (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's newest groups are pending (its own copies visible to it).
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint4 lds16(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ float lds4(u32 a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Bulk copy (TMA, 1-D) of `bytes` (a multiple of 16, both ends 16-byte aligned) global ->
+// shared, completing `bytes` of the transaction count of the mbarrier at `bar`.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// The stage's one arrival (count 1 at init), expecting `bytes` from bulk copies.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_init(u32 bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"); }
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif
+
+// Lanes of this lane group (QR_LPR lanes) as a warp mask.
+__device__ __forceinline__ u32 group_mask(int lane) {
+    return QR_LPR == 32 ? DSV4_FULL_MASK : (((1u << QR_LPR) - 1u) << (lane & ~(QR_LPR - 1)));
+}
+
+// Forward of one row r (token-major) from this lane's QR_CPL raw chunks (chunk k holds
+// channels 8 * (gl + QR_LPR * k) .. + 8; zeros past C): every lane of the group calls it
+// with the same r (the group's shuffles), rows r >= n_rows store nothing.
+//   rstd = 1 / sqrt(mean_c x^2 + eps);  y = bf16(x * rstd);  last R channels rotated.
+// Same operations as the default kernel's row body; bf16(x * rstd) and the rotated values
+// are rounded once, by the store's packing (bf16(bf16(v)) = bf16(v): the round_bf16 of
+// the default kernel before its pack_bf16 is the identity), except y of rotated chunks,
+// which the rotation reads rounded.
+__device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&raw)[QR_CPL]) {
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < QR_CPL; ++k) {
+        float v[8];
+        unpack8(raw[k], v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
+    }
+    ss = dsv4::group_sum(ss, QR_LPR);
+    const float rstd = 1.f / sqrtf(ss / (float)p.C + p.eps);
+    if (r >= n_rows) return;  // the whole group: r is the group's
+    if (gl == 0) p.rstd_out[r] = rstd;
+    const RowIndex ix = row_index_fast(p, r, small);
+    const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
+    const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
+    bf16* o = static_cast<bf16*>(p.out) + r * p.C;
+#pragma unroll
+    for (int k = 0; k < QR_CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+        if (c0 >= p.C) continue;
+        float v[8];
+        unpack8(raw[k], v);
+        if (c0 + 8 > rot0) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = dsv4::round_bf16(v[i] * rstd);  // y = bf16(x * rstd)
+            // (a, b) = (y[e], y[e+1]) -> (a cos - b sin, a sin + b cos), no FMA contraction
+            float cj[4], sj[4];
+            chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                if (c0 + i < rot0) continue;
+                const float a = v[i], b = v[i + 1];
+                v[i] = __fsub_rn(__fmul_rn(a, cj[i / 2]), __fmul_rn(b, sj[i / 2]));
+                v[i + 1] = __fadd_rn(__fmul_rn(a, sj[i / 2]), __fmul_rn(b, cj[i / 2]));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] *= rstd;  // y = bf16(x * rstd), rounded by the store
+        }
+        st16_cs(o + c0, v);  // pack_bf16: round to nearest even
+    }
+}
+
+// Backward of one row r from this lane's raw chunks of x and grad (zeros past C), as the
+// default kernel's row body:
+//   g' = bf16(conjugate rotation of g's last R pairs);  dx = rstd (g' - xhat mean_c(g' xhat)).
+__device__ __forceinline__ void bwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&xraw)[QR_CPL], const uint4 (&graw)[QR_CPL], float rstd) {
+    const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);
+    const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
+    const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
+    float gp[QR_CPL][8];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < QR_CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+        unpack8(graw[k], gp[k]);
+        if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
+            float cj[4], sj[4];
+            chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                if (c0 + i < rot0) continue;
+                const float ga = gp[k][i], gb = gp[k][i + 1];
+                gp[k][i] = dsv4::round_bf16(__fadd_rn(__fmul_rn(ga, cj[i / 2]), __fmul_rn(gb, sj[i / 2])));
+                gp[k][i + 1] = dsv4::round_bf16(__fsub_rn(__fmul_rn(gb, cj[i / 2]), __fmul_rn(ga, sj[i / 2])));
+            }
+        }
+        float xv[8];
+        unpack8(xraw[k], xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd;  // mean_c(g' * xhat)
+    }
+    const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
+    if (r >= n_rows) return;  // the whole group: r is the group's
+    bf16* o = static_cast<bf16*>(p.out) + r * p.C;
+#pragma unroll
+    for (int k = 0; k < QR_CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+        if (c0 >= p.C) continue;
+        float xv[8], v[8];
+        unpack8(xraw[k], xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = rstd * (gp[k][i] - xv[i] * rstd * mean);  // dx
+        st16_cs(o + c0, v);
     }
 }
 
