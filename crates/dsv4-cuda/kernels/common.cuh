@@ -72,9 +72,13 @@ __device__ __forceinline__ void store16(float* p, const float (&in)[4]) {
 }
 
 // ---- warp reductions -----------------------------------------------------------------
-// Sum over the `width` lanes of each aligned group (width a power of two <= 32).
+// Sum over the aligned group of `width` lanes (a power of two <= 32; 1-D blocks). The
+// shuffles name only the group's own lanes: other groups of the warp may have left a loop
+// the group is still in (a full-warp mask would then name exited lanes: undefined).
 __device__ __forceinline__ float group_sum(float x, int width) {
-    for (int o = width / 2; o > 0; o /= 2) x += __shfl_xor_sync(DSV4_FULL_MASK, x, o, width);
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned mask = width >= 32 ? DSV4_FULL_MASK : ((1u << width) - 1u) << (lane & ~static_cast<unsigned>(width - 1));
+    for (int o = width / 2; o > 0; o /= 2) x += __shfl_xor_sync(mask, x, o, width);
     return x;
 }
 __device__ __forceinline__ float warp_sum(float x) { return group_sum(x, 32); }
