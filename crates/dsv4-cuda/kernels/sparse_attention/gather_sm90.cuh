@@ -21,6 +21,9 @@
 //     longer in flight while the producer issues the next.
 // DSV4_SA90_L2_PREFETCH=1: the K/V gathers ask L2 to fetch the 256-byte segment around
 // each 16-byte copy (.L2::256B; a kv row is 1 KiB, copied by 8 threads x 16 bytes a group).
+// DSV4_SA90_L2_POLICY=1: L2 cache hints, evict_last on the K/V gathers (rows shared by many
+// queries: keep them in L2) and evict_first on the Q / dO tiles (read once), so the streamed
+// tiles do not push the gathered rows out and the refill of a freed buffer half hits L2.
 // DSV4_SA90_FAST_EXP2=1: the consumers' exp2 is ex2.approx.ftz (exp2f adds range fix-ups
 // for results below 2^-126; flushed to zero instead, where P <= 1 and the row sum >= 1).
 #ifndef DSV4_SA90_HANDOFF
@@ -31,6 +34,9 @@
 #endif
 #ifndef DSV4_SA90_FAST_EXP2
 #define DSV4_SA90_FAST_EXP2 0
+#endif
+#ifndef DSV4_SA90_L2_POLICY
+#define DSV4_SA90_L2_POLICY 0
 #endif
 
 namespace dsv4 {
@@ -66,10 +72,38 @@ __device__ __forceinline__ float exp2_p(float x) {
 #endif
 }
 
-// One 16-byte K/V gather copy (see DSV4_SA90_L2_PREFETCH); `valid == false` zero-fills.
+#if DSV4_SA90_L2_POLICY
+// An L2 eviction-priority policy (not volatile: the compiler may hoist and share it).
+__device__ __forceinline__ u64 l2_evict_last() {
+    u64 pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ u64 l2_evict_first() {
+    u64 pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+#endif
+
+// One 16-byte K/V gather copy (see DSV4_SA90_L2_PREFETCH, DSV4_SA90_L2_POLICY);
+// `valid == false` zero-fills.
 __device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) {
-#if DSV4_SA90_L2_PREFETCH
+#if DSV4_SA90_L2_POLICY && DSV4_SA90_L2_PREFETCH
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_last()) : "memory");
+#elif DSV4_SA90_L2_POLICY
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_last()) : "memory");
+#elif DSV4_SA90_L2_PREFETCH
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+    hopper::cp_async16_to(dst, src, valid);
+#endif
+}
+
+// One 16-byte copy of a Q / dO head tile (see DSV4_SA90_L2_POLICY).
+__device__ __forceinline__ void tile_copy16(u32 dst, const void* src, bool valid) {
+#if DSV4_SA90_L2_POLICY
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_first()) : "memory");
 #else
     hopper::cp_async16_to(dst, src, valid);
 #endif
@@ -93,7 +127,7 @@ __device__ __forceinline__ void load_head_tile(u32 base, const bf16* row, i64 sh
         const int id = wtid + i * 128;
         const int r = id / 64, c = id % 64;
         const bool ok = h0 + r < H;
-        hopper::cp_async16_to(base + (c / 8) * kTileGroupBytes + hopper::sw128(r, c % 8), ok ? row + (h0 + r) * sh + c * 8 : any, ok);
+        tile_copy16(base + (c / 8) * kTileGroupBytes + hopper::sw128(r, c % 8), ok ? row + (h0 + r) * sh + c * 8 : any, ok);
     }
 }
 
