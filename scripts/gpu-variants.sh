@@ -17,6 +17,9 @@
 #   bash scripts/gpu-variants.sh defines "test filters" "bench args" "" "A=1" "A=2,B=1" ...
 # runs, for each define set (passed as DSV4_EXTRA_DEFINES; "" = the defaults), the tests
 # and `.dev/gpu/dsv4 bench <bench args>`, each set with its own kernel cache.
+# DSV4_VARIANT_TIMEOUT (seconds, default 300) bounds each test binary; adding
+# DSV4_MBAR_TIMEOUT_POLLS=10000000 to a define set makes a deadlocked Hopper pipeline trap
+# (hopper.cuh) instead of hanging until that timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=.dev/variants          # staged binaries: carried to the GPU machine
@@ -75,7 +78,7 @@ run)
     status=ok
     for bf in $filter; do
       bin=${bf%%:*} f=${bf#*:}
-      timeout 300 "$d/tests/$bin" --include-ignored --test-threads=1 "$f" > "$d/test-$bin-$f.log" 2>&1 || status="FAILED ($bf)"
+      timeout "${DSV4_VARIANT_TIMEOUT:-300}" "$d/tests/$bin" --include-ignored --test-threads=1 "$f" > "$d/test-$bin-$f.log" 2>&1 || status="FAILED ($bf)"
       grep -E "^test |test result" "$d/test-$bin-$f.log" | grep -v "^test result: ok. 0 passed"
     done
     echo "tests: $status"
@@ -94,7 +97,7 @@ defines)
     for bf in $filter; do
       bin=${bf%%:*} f=${bf#*:}
       log=$DSV4_CACHE_DIR.test-$bin-$f.log
-      timeout 300 ".dev/gpu/tests/$bin" --include-ignored --test-threads=1 "$f" > "$log" 2>&1 || status="FAILED ($bf)"
+      timeout "${DSV4_VARIANT_TIMEOUT:-300}" ".dev/gpu/tests/$bin" --include-ignored --test-threads=1 "$f" > "$log" 2>&1 || status="FAILED ($bf)"
       grep -E "^test |test result" "$log" | grep -v "^test result: ok. 0 passed"
     done
     echo "tests: $status"

@@ -85,7 +85,26 @@ __device__ __forceinline__ void mbar_arrive_after_cp_async(u64* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 // Wait until the phase with parity `parity` has completed.
+// DSV4_MBAR_TIMEOUT_POLLS=N (debugging, through DSV4_EXTRA_DEFINES): a wait whose phase has
+// not completed after N polls (each try_wait suspends the thread for up to a hardware time
+// limit, about 1 us: N = 10000000 is roughly 10 s) traps, so a deadlocked pipeline fails its launch
+// ("unspecified launch failure") instead of hanging the process.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#ifdef DSV4_MBAR_TIMEOUT_POLLS
+    asm volatile(
+        "{\n.reg .pred done;\n.reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@done bra DONE_%=;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.gt.u32 done, n, %2;\n"
+        "@!done bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n}\n" ::"r"(smem_u32(bar)),
+        "r"(parity), "n"(DSV4_MBAR_TIMEOUT_POLLS)
+        : "memory");
+#else
     asm volatile(
         "{\n.reg .pred done;\n"
         "WAIT_%=:\n"
@@ -93,6 +112,7 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
         "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
         "r"(parity)
         : "memory");
+#endif
 }
 
 // 16 bytes global -> shared, asynchronously; `valid == false` writes 16 zero bytes and
