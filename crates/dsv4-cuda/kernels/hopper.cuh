@@ -86,9 +86,9 @@ __device__ __forceinline__ void mbar_arrive_after_cp_async(u64* bar) {
 }
 // Wait until the phase with parity `parity` has completed.
 // DSV4_MBAR_TIMEOUT_POLLS=N (debugging, through DSV4_EXTRA_DEFINES): a wait whose phase has
-// not completed after N polls (each try_wait suspends the thread for up to a hardware time
-// limit, about 1 us: N = 10000000 is roughly 10 s) traps, so a deadlocked pipeline fails its launch
-// ("unspecified launch failure") instead of hanging the process.
+// not completed after N polls traps (each try_wait suspends the thread for up to a
+// hardware time limit, about 1 us: N = 10000000 is roughly 10 s), so a deadlocked pipeline
+// fails its launch ("unspecified launch failure") instead of hanging the process.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 #ifdef DSV4_MBAR_TIMEOUT_POLLS
     asm volatile(
