@@ -22,6 +22,10 @@ namespace hopper {
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
+// The dynamic shared memory rounded up to 1024 bytes (SW128 tiles; the launchers pass
+// 1024 bytes of slack).
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* smem_raw) { return smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023); }
+
 // Byte offset of (row, 16-byte chunk j within a 64-element group) in one SW128 group.
 __device__ __forceinline__ u32 sw128(int row, int j) { return static_cast<u32>(row * 128 + ((j ^ (row & 7)) << 4)); }
 
@@ -62,6 +66,8 @@ template <int R> __device__ __forceinline__ void regs_dec() { asm volatile("setm
 
 // ---- named barriers (id 0 is __syncthreads) -----------------------------------------
 __device__ __forceinline__ void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+// Arrive on barrier `id` without waiting (the other side of a hand-off syncs on it).
+__device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 
 // ---- mbarrier -------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(u64* bar, int count) {

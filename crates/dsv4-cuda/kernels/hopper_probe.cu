@@ -28,7 +28,7 @@ DSV4_PARAMS_SIZE(HopperProbeParams, 48);
 
 extern "C" __global__ void __launch_bounds__(128, 1) hopper_probe(const HopperProbeParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* smem = align_1024(smem_raw);
     const u32 a_base = smem_u32(smem), b_base = a_base + 65536;
     const int tid = threadIdx.x;
     for (int id = tid; id < 64 * 64; id += 128) {

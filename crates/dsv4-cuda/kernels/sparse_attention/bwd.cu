@@ -148,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
 
     for (int s = s_begin; s < s_end; ++s) {
         const i64 row = static_cast<i64>(b) * p.S + s;
-        const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+        const int n_slots = sa::row_slots(p.row_len, row, p.T);
         const int n_tiles = (n_slots + kBN - 1) / kBN;
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         bool any_valid = false;  // this thread saw a valid slot of the row

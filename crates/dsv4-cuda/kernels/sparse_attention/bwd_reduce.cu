@@ -23,7 +23,7 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const Sp
     for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
         const int row = p.row_base + l0 + static_cast<int>(i / p.T), t = static_cast<int>(i % p.T);
         const int b = row / p.S, s = row % p.S;
-        const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+        const int n_slots = sa::row_slots(p.row_len, row, p.T);
         const int key = sa::slot_key(p.idx, b * p.idx_sb + s * p.idx_ss, p.idx_st, p.idx_is_i64, b * p.idx_bias, n_slots, p.K, t, false);
         if (key >= 0) atomicAdd(&p.counts[rb * p.G + static_cast<i64>(b) * p.K + key], 1);  // a count: order-free
     }
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const Spar
     for (int local = l0; local < l1; ++local) {
         const int row = p.row_base + local;
         const int b = row / p.S, s = row % p.S;
-        const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+        const int n_slots = sa::row_slots(p.row_len, row, p.T);
         for (int t0 = 0; t0 < n_slots; t0 += 32) {
             const int t = t0 + lane;
             const int key = sa::slot_key(p.idx, b * p.idx_sb + s * p.idx_ss, p.idx_st, p.idx_is_i64, b * p.idx_bias, n_slots, p.K, t, false);

@@ -119,7 +119,7 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 do_base = smem_u32(smem + kDoOff);
     const u32 kv_base = smem_u32(smem + kKvOff);
@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
     const int h0 = hb * kHB;
-    const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+    const int n_slots = sa::row_slots(p.row_len, row, p.T);
     const int n_iters = (n_slots + kPair - 1) / kPair;  // a pair of blocks each
 
     if (tid == 0) {

@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
     const i64 row = blockIdx.x;  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int h0 = blockIdx.y * kHB;
-    const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+    const int n_slots = sa::row_slots(p.row_len, row, p.T);
     const int n_tiles = (n_slots + kBN - 1) / kBN;
     const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
     const i64 bias = b * p.idx_bias;

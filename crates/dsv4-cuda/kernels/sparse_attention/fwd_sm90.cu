@@ -79,7 +79,6 @@ constexpr int kBytes = kBarOff + 11 * 8;
 // c arrives on 9 + c and waits on the other; every hand-off between the consumers is an
 // arrive / sync pair, as their code differs).
 constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarStage = 6, kBarSums = 9;
-constexpr int kKeyWriters = 16;  // producer threads that store a block's keys (j = 0)
 }  // namespace
 
 static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh loads them");
@@ -88,10 +87,6 @@ static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh 
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
 static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
-
-namespace {
-__device__ __forceinline__ void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
-}  // namespace
 
 // What a consumer needs from the kernel's preamble.
 struct ConsumerCtx {
@@ -370,7 +365,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(const SparseAttnFwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90SmemBytes) __trap();  // the launcher's layout disagrees with this one
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 kv_base = smem_u32(smem + kKvOff);
     const u32 p_base = smem_u32(smem + kPOff);
@@ -387,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     const i64 row = blockIdx.x;  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int h0 = blockIdx.y * kHB;
-    const int n_slots = p.row_len ? max(0, min(p.row_len[row], p.T)) : p.T;
+    const int n_slots = sa::row_slots(p.row_len, row, p.T);
     const int n_iters = (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
 
     if (tid == 0) {
@@ -396,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
         }
-        for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, kKeyWriters);
+        for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
     }
     __syncthreads();
 

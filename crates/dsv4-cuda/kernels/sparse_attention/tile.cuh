@@ -72,6 +72,9 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
+// Slots of a row to scan: its plan length (`row_len`, [B*S]) clamped to [0, T], or all T.
+__device__ __forceinline__ int row_slots(const i32* row_len, i64 row, int T) { return row_len ? max(0, min(row_len[row], T)) : T; }
+
 // The key of slot t of a row (or -1 when masked): t past the row's slots, an entry outside
 // [0, K) after the per-batch bias, or (dedup) a repeat of the previous slot of a sorted row.
 __device__ __forceinline__ int slot_key(const void* idx, i64 row_off, i64 st, i32 is_i64, i64 bias, int n_slots, int K, int t, bool dedup) {
