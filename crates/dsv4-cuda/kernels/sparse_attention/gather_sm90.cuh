@@ -9,105 +9,33 @@
 #include "hopper.cuh"
 #include "sparse_attention/tile.cuh"
 
-// Variants timed through DSV4_EXTRA_DEFINES (docs/perf.md v6; defaults are production):
-// DSV4_SA90_HANDOFF, how the producer's cp.async data reaches the consumers' wgmma (which
-// reads shared memory through the async proxy):
-//   0 (default): one asynchronous arrival per producer thread (.noinc); each consumer
-//     issues fence.proxy.async after its wait.
-//   1: DIAGNOSTIC ONLY, no proxy fence anywhere (not valid by the PTX memory model; it
-//     measures what the consumers' fences cost).
-//   2: the producer waits for its own copies, fences and arrives (a plain arrival: its
-//     stores are released too); the consumers do not fence. Copies of one hand-off are no
-//     longer in flight while the producer issues the next.
-// DSV4_SA90_L2_PREFETCH=1: the K/V gathers ask L2 to fetch the 256-byte segment around
-// each 16-byte copy (.L2::256B; a kv row is 1 KiB, copied by 8 threads x 16 bytes a group).
-// DSV4_SA90_L2_POLICY=1: L2 cache hints, evict_last on the K/V gathers (rows shared by many
-// queries: keep them in L2) and evict_first on the Q / dO tiles (read once), so the streamed
-// tiles do not push the gathered rows out and the refill of a freed buffer half hits L2.
-// DSV4_SA90_FAST_EXP2=1: the consumers' exp2 is ex2.approx.ftz (exp2f adds range fix-ups
-// for results below 2^-126; flushed to zero instead, where P <= 1 and the row sum >= 1).
-#ifndef DSV4_SA90_HANDOFF
-#define DSV4_SA90_HANDOFF 0
-#endif
-#ifndef DSV4_SA90_L2_PREFETCH
-#define DSV4_SA90_L2_PREFETCH 0
-#endif
-#ifndef DSV4_SA90_FAST_EXP2
-#define DSV4_SA90_FAST_EXP2 0
-#endif
-#ifndef DSV4_SA90_L2_POLICY
-#define DSV4_SA90_L2_POLICY 0
-#endif
-
 namespace dsv4 {
 namespace sa90 {
 
 // The producer thread's hand-off of its copies (and stores) since the last one to `bar`
-// (count: the producer's 128 threads).
-__device__ __forceinline__ void producer_handoff(u64* bar) {
-#if DSV4_SA90_HANDOFF == 2
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    hopper::fence_proxy_async();
-    hopper::mbar_arrive(bar);
-#else
-    hopper::mbar_arrive_after_cp_async(bar);
-#endif
-}
+// (count: the producer's 128 threads): one asynchronous arrival (.noinc) that fires when
+// this thread's cp.async copies have landed. (Timed against the producer waiting for its
+// copies, fencing and arriving: 1-2 % slower, docs/perf.md v7.)
+__device__ __forceinline__ void producer_handoff(u64* bar) { hopper::mbar_arrive_after_cp_async(bar); }
 
-// What a consumer does after its wait on a "ready" barrier, before wgmma reads the data.
-__device__ __forceinline__ void consumer_after_ready() {
-#if DSV4_SA90_HANDOFF == 0
-    hopper::fence_proxy_async();
-#endif
-}
+// What a consumer does after its wait on a "ready" barrier, before wgmma reads the data:
+// the cp.async writes were generic-proxy writes, wgmma reads through the async proxy.
+__device__ __forceinline__ void consumer_after_ready() { hopper::fence_proxy_async(); }
 
-// 2^x for the softmax (see DSV4_SA90_FAST_EXP2).
+// 2^x for the softmax: ex2.approx.ftz (exp2f adds range fix-ups for results below 2^-126;
+// here they flush to zero, where P <= 1 and the row sum >= 1). 1.3 % faster forward (v7).
 __device__ __forceinline__ float exp2_p(float x) {
-#if DSV4_SA90_FAST_EXP2
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-#else
-    return exp2f(x);
-#endif
 }
 
-#if DSV4_SA90_L2_POLICY
-// An L2 eviction-priority policy (not volatile: the compiler may hoist and share it).
-__device__ __forceinline__ u64 l2_evict_last() {
-    u64 pol;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-__device__ __forceinline__ u64 l2_evict_first() {
-    u64 pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    return pol;
-}
-#endif
+// One 16-byte K/V gather copy; `valid == false` zero-fills. (L2 hints, evict_last on the
+// gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7.)
+__device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 
-// One 16-byte K/V gather copy (see DSV4_SA90_L2_PREFETCH, DSV4_SA90_L2_POLICY);
-// `valid == false` zero-fills.
-__device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) {
-#if DSV4_SA90_L2_POLICY && DSV4_SA90_L2_PREFETCH
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_last()) : "memory");
-#elif DSV4_SA90_L2_POLICY
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_last()) : "memory");
-#elif DSV4_SA90_L2_PREFETCH
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-    hopper::cp_async16_to(dst, src, valid);
-#endif
-}
-
-// One 16-byte copy of a Q / dO head tile (see DSV4_SA90_L2_POLICY).
-__device__ __forceinline__ void tile_copy16(u32 dst, const void* src, bool valid) {
-#if DSV4_SA90_L2_POLICY
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(l2_evict_first()) : "memory");
-#else
-    hopper::cp_async16_to(dst, src, valid);
-#endif
-}
+// One 16-byte copy of a Q / dO head tile.
+__device__ __forceinline__ void tile_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 
 constexpr int kBN = 32;                 // slots per block
 constexpr int kChunk = 1024;            // slot keys read per index pass
