@@ -22,7 +22,11 @@
 //! - `topk_scores_backward`: `bwd_mma.cu` on tensor cores for H <= 64, D <= 128 (per query
 //!   and 64-slot tile: A = q kv^T, G = g*scale*w*[A>0], dq += G kv, dkv_tile = G^T q), else
 //!   `bwd.cu` on CUDA cores; dkv by atomics or by per-CTA partial slices summed in a fixed
-//!   order (deterministic).
+//!   order (deterministic). On Hopper, atomic mode, H <= 64 and D <= 128 a multiple of 8,
+//!   `bwd_sm90.cu` instead (the same products on wgmma: a persistent grid, a producer
+//!   warpgroup gathering each consumer's kv tiles through an mbarrier ring, two independent
+//!   consumer warpgroups); `DSV4_INDEXER_BWD_PORTABLE=1` keeps `bwd_mma.cu` (to compare),
+//!   [`BwdPath`] forces either kernel (tests).
 //!
 //! q and pooled_kv must be bf16; inputs may have any strides (the tensor-core loaders read
 //! 16-byte rows; other layouts are first packed by `pack.cu`). Outputs are contiguous.
@@ -181,6 +185,55 @@ pub struct IndexerBwdParams {
     pub scale: f32,
 }
 
+/// `IndexerBwdSm90Params` of `params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerBwdSm90Params {
+    /// `[B,S,H,D]` bf16, d-stride 1, rows 16-byte aligned.
+    pub q: u64,
+    /// `[B,P,D]` bf16, same row rules.
+    pub kv: u64,
+    /// `[B,S,H]` f32.
+    pub w: u64,
+    /// `[B,S,T]` i32/i64.
+    pub topk: u64,
+    /// `[B,S,T]` f32.
+    pub grad: u64,
+    /// `[B,S,H,D]` bf16 out, contiguous, 4-byte aligned.
+    pub dq: u64,
+    /// `[B,S,H]` f32 out, contiguous.
+    pub dw: u64,
+    /// `[B,P,D]` f32, zeroed, contiguous, 16-byte aligned.
+    pub dkv: u64,
+    pub q_sb: i64,
+    pub q_ss: i64,
+    pub q_sh: i64,
+    pub kv_sb: i64,
+    pub kv_sp: i64,
+    pub w_sb: i64,
+    pub w_ss: i64,
+    pub w_sh: i64,
+    pub t_sb: i64,
+    pub t_ss: i64,
+    pub t_st: i64,
+    pub g_sb: i64,
+    pub g_ss: i64,
+    pub g_st: i64,
+    pub b: i32,
+    pub s: i32,
+    pub h: i32,
+    pub d: i32,
+    pub p: i32,
+    pub t: i32,
+    pub query_start: i32,
+    pub compress_ratio: i32,
+    pub topk_is_i64: i32,
+    /// Dynamic shared memory of the launch (the kernel traps below its layout's size).
+    pub smem_bytes: i32,
+    pub scale: f32,
+    pub pad_: i32,
+}
+
 /// `IndexerBwdReduceParams` of `params.cuh`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -217,6 +270,7 @@ pub struct IndexerPackParams {
 const _: () = assert!(size_of::<IndexerScoresParams>() == 216);
 const _: () = assert!(size_of::<IndexerTopkParams>() == 88);
 const _: () = assert!(size_of::<IndexerBwdParams>() == 256);
+const _: () = assert!(size_of::<IndexerBwdSm90Params>() == 224);
 const _: () = assert!(size_of::<IndexerBwdReduceParams>() == 32);
 const _: () = assert!(size_of::<IndexerPackParams>() == 88);
 
@@ -225,6 +279,7 @@ pub const PARAMS_SIZES: &[(&str, usize)] = &[
     ("IndexerScoresParams", size_of::<IndexerScoresParams>()),
     ("IndexerTopkParams", size_of::<IndexerTopkParams>()),
     ("IndexerBwdParams", size_of::<IndexerBwdParams>()),
+    ("IndexerBwdSm90Params", size_of::<IndexerBwdSm90Params>()),
     ("IndexerBwdReduceParams", size_of::<IndexerBwdReduceParams>()),
     ("IndexerPackParams", size_of::<IndexerPackParams>()),
 ];
@@ -856,10 +911,147 @@ fn bwd_mma_smem_bytes(h: usize, d: usize, deterministic: bool) -> usize {
     base + if deterministic { BWD_MMA_BN * ldf * 4 } else { 0 }
 }
 
+// ---------------------------------------------------------------------------------------
+// Hopper backward (bwd_sm90.cu): shape rules, shared memory, launch
+
+/// Which backward kernel [`topk_scores_backward_with`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdPath {
+    /// `bwd_sm90.cu` where [`bwd_sm90_unsupported`] has no objection, on a Hopper device
+    /// (`Gpu::hopper()`), unless `DSV4_INDEXER_BWD_PORTABLE=1`; else the portable kernels.
+    Auto,
+    /// `bwd_mma.cu` / `bwd.cu`, on any device.
+    Portable,
+    /// `bwd_sm90.cu`; an `Unavailable` error where it cannot run. Ignores `DSV4_PORTABLE` and
+    /// `DSV4_INDEXER_BWD_PORTABLE`, so tests can compare the kernels.
+    Hopper,
+}
+
+/// Threads of `bwd_sm90.cu`: a producer warpgroup and two consumer warpgroups.
+const BWD_SM90_THREADS: u32 = 384;
+/// Ring stages per consumer of `bwd_sm90.cu` (NST).
+const BWD_SM90_STAGES: usize = 3;
+
+/// Mirrors the shared-memory layout of `bwd_sm90.cu`: 1024 bytes to align the base; per
+/// consumer two q tiles, the ring and two G^T tiles (SW128 tiles of 64 rows x 128 bytes per
+/// 64 columns of D); the slot tables (key i32, g*scale f32 per stage and slot); the
+/// mbarriers (qready[2], qfree[2], ready, keys, free per stage).
+fn bwd_sm90_smem_bytes(d: usize) -> usize {
+    let tile = d.div_ceil(64) * 64 * 128;
+    let per_consumer = (2 + BWD_SM90_STAGES) * tile + 2 * 64 * 128;
+    1024 + 2 * per_consumer + 2 * 2 * BWD_SM90_STAGES * 64 * 4 + 2 * (4 + 3 * BWD_SM90_STAGES) * 8
+}
+
+/// Why `bwd_sm90.cu` cannot take this call (`None`: it can): atomic mode only, H <= 64,
+/// D <= 128 a multiple of 8 (whole 16-byte rows, 4-column dkv reductions), T >= 1, B*S rows
+/// in i32, dq 4-byte and dpooled_kv 16-byte aligned, an sm_90a device with the opt-in
+/// shared memory.
+pub fn bwd_sm90_unsupported(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &TensorViewMut, dkv: &TensorViewMut) -> Option<String> {
+    let (h, d) = (a.fwd.q.shape()[2], a.fwd.q.shape()[3]);
+    let (b, s, t) = (a.fwd.q.shape()[0], a.fwd.q.shape()[1], a.topk_indices.shape()[2]);
+    if gpu.props().arch != "sm_90a" {
+        return Some(format!("the Hopper backward needs sm_90a; this device is {}", gpu.props().arch));
+    }
+    if a.deterministic {
+        return Some("the Hopper backward has no deterministic mode (bwd_mma.cu has)".into());
+    }
+    if !(1..=64).contains(&h) || !(8..=128).contains(&d) || d % 8 != 0 {
+        return Some(format!("the Hopper backward takes H <= 64 and D <= 128 a multiple of 8; got H = {h}, D = {d}"));
+    }
+    if t == 0 || b * s > i32::MAX as usize {
+        return Some(format!("the Hopper backward takes T >= 1 and B*S < 2^31; got T = {t}, B*S = {}", b * s));
+    }
+    if !dq.as_view().address().is_multiple_of(4) || !dkv.as_view().address().is_multiple_of(16) {
+        return Some("the Hopper backward needs dq 4-byte and dpooled_kv 16-byte aligned".into());
+    }
+    let smem = bwd_sm90_smem_bytes(d);
+    if smem > gpu.props().max_shared_per_block_optin as usize {
+        return Some(format!("the Hopper backward needs {smem} bytes of shared memory per CTA; the device allows {}", gpu.props().max_shared_per_block_optin));
+    }
+    None
+}
+
+/// Whether this call runs `bwd_sm90.cu` (`Ok(false)`: the portable kernels).
+fn use_bwd_sm90(gpu: &Gpu, op: &'static str, path: BwdPath, a: &IndexerTopkScoresBwdArgs, dq: &TensorViewMut, dkv: &TensorViewMut) -> Result<bool> {
+    match path {
+        BwdPath::Portable => Ok(false),
+        BwdPath::Auto => Ok(gpu.hopper() && std::env::var("DSV4_INDEXER_BWD_PORTABLE").as_deref() != Ok("1") && bwd_sm90_unsupported(gpu, a, dq, dkv).is_none()),
+        BwdPath::Hopper => match bwd_sm90_unsupported(gpu, a, dq, dkv) {
+            Some(why) => Err(unavailable(op, why)),
+            None => Ok(true),
+        },
+    }
+}
+
+/// One launch of `bwd_sm90.cu` (the caller checked [`bwd_sm90_unsupported`]): dpooled_kv
+/// zeroed, then a persistent grid of at most one CTA per SM, two query rows in flight per CTA.
+fn launch_bwd_sm90(gpu: &Gpu, op: &'static str, a: &IndexerTopkScoresBwdArgs, sh: &Shape, dq: u64, dw: u64, dkv: u64) -> Result<()> {
+    let f = &a.fwd;
+    let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
+    gpu.zero(dkv, b * p * d * 4)?;
+    let (tq, tkv) = (tc_operand(gpu, op, &f.q)?, tc_operand(gpu, op, &f.pooled_kv)?);
+    let (w, tk, g) = (strides_i64(&f.weights), strides_i64(&a.topk_indices), strides_i64(&a.grad));
+    let smem = bwd_sm90_smem_bytes(d);
+    let prm = IndexerBwdSm90Params {
+        q: tq.ptr,
+        kv: tkv.ptr,
+        w: f.weights.address(),
+        topk: a.topk_indices.address(),
+        grad: a.grad.address(),
+        dq,
+        dw,
+        dkv,
+        q_sb: tq.strides[0],
+        q_ss: tq.strides[1],
+        q_sh: tq.strides[2],
+        kv_sb: tkv.strides[0],
+        kv_sp: tkv.strides[1],
+        w_sb: w[0],
+        w_ss: w[1],
+        w_sh: w[2],
+        t_sb: tk[0],
+        t_ss: tk[1],
+        t_st: tk[2],
+        g_sb: g[0],
+        g_ss: g[1],
+        g_st: g[2],
+        b: sh.b,
+        s: sh.s,
+        h: sh.h,
+        d: sh.d,
+        p: sh.p,
+        t: to_i32(op, "T", a.topk_indices.shape()[2])?,
+        query_start: sh.query_start,
+        compress_ratio: sh.compress_ratio,
+        topk_is_i64: (a.topk_indices.dtype() == DType::I64) as i32,
+        smem_bytes: smem as i32,
+        scale: f.softmax_scale,
+        pad_: 0,
+    };
+    // One CTA per SM (196 KiB of shared memory, 384 threads at 168 registers), each with two
+    // rows in flight (one per consumer); fewer when there are fewer rows.
+    let grid = (gpu.props().sm_count as usize).min((b * s).div_ceil(2)).max(1);
+    let k = gpu.kernel("indexer/bwd_sm90.cu", "indexer_bwd_sm90", &[("IDX_H", h.to_string()), ("IDX_D", d.to_string())])?;
+    // SAFETY: q / pooled_kv are 16-byte rows readable to D (a multiple of 8; tc_operand,
+    // alive until after the launch is queued, scratch frees are stream ordered); weights,
+    // topk, grad are live device views read at their own strides; dq / dw are contiguous
+    // [B,S,H,D] / [B,S,H] outputs (dq 4-byte aligned), dkv the zeroed contiguous [B,P,D]
+    // output, 16-byte aligned (bwd_sm90_unsupported); B*S < 2^31; shared memory is
+    // bwd_sm90_smem_bytes(D), which the kernel checks against its layout; the params type
+    // is the entry's.
+    unsafe { k.launch([grid_dim(op, "CTAs", grid)?, 1, 1], [BWD_SM90_THREADS, 1, 1], smem as u32, &prm) }
+}
+
 /// Backward of `topk_scores`: dq `[B,S,H,D]` bf16, dweights `[B,S,H]` f32, dpooled_kv
 /// `[B,P,D]` f32 (atomics, or a fixed-order reduction when `a.deterministic`).
-/// Tensor cores (`bwd_mma.cu`) for H <= 64, D <= 128; CUDA cores (`bwd.cu`) beyond.
+/// Tensor cores (`bwd_sm90.cu` on Hopper in atomic mode, else `bwd_mma.cu`) for H <= 64,
+/// D <= 128; CUDA cores (`bwd.cu`) beyond.
 pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut) -> Result<()> {
+    topk_scores_backward_with(gpu, a, dq, dw, dkv, BwdPath::Auto)
+}
+
+/// [`topk_scores_backward`] by the kernel `path` picks (tests and benchmarks compare them).
+pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut, path: BwdPath) -> Result<()> {
     const OP: &str = "indexer_topk_scores_backward";
     let f = &a.fwd;
     check_bf16(OP, f)?;
@@ -869,6 +1061,9 @@ pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut Te
     let sh = shape_of(OP, f)?;
     let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
     let t = a.topk_indices.shape()[2];
+    if b * s > 0 && use_bwd_sm90(gpu, OP, path, a, dq, dkv)? {
+        return launch_bwd_sm90(gpu, OP, a, &sh, dq.as_view().address(), dw.as_view().address(), dkv.as_view().address());
+    }
     // bwd_mma.cu writes dq pairs as 4-byte words and adds dkv pairs as 8-byte vectors
     // when D is even: it needs dq and the atomic target aligned to match.
     let aligned = d % 2 == 1 || (dq.as_view().address().is_multiple_of(4) && (a.deterministic || dkv.as_view().address().is_multiple_of(8)));
@@ -1026,6 +1221,19 @@ mod tests {
     }
 
     #[test]
+    fn bwd_sm90_smem_mirrors_the_kernel_layout() {
+        // D = 128: per consumer q 2 x 16 KiB, ring 3 x 16 KiB, G^T 2 x 8 KiB; slot tables
+        // 2 x 2 x 3 x 64 x 4; 2 x 13 mbarriers; 1024 of alignment slack. One CTA per SM.
+        let d128 = 1024 + 2 * (2 * 16384 + 3 * 16384 + 2 * 8192) + 2 * 2 * 3 * 64 * 4 + 2 * 13 * 8;
+        assert_eq!(bwd_sm90_smem_bytes(128), d128);
+        assert_eq!(d128, 200_912);
+        assert!(d128 <= 232_448 && 2 * (d128 + 1024) > 228 << 10);
+        // D <= 64: one SW128 group per row.
+        assert_eq!(bwd_sm90_smem_bytes(40), bwd_sm90_smem_bytes(64));
+        assert_eq!(bwd_sm90_smem_bytes(64), 1024 + 2 * (5 * 8192 + 2 * 8192) + 2 * 2 * 3 * 64 * 4 + 2 * 13 * 8);
+    }
+
+    #[test]
     fn warp_slabs_divide_the_tiles() {
         for d in 1..=512 {
             let nt = warp_n_tiles(d);
@@ -1035,7 +1243,7 @@ mod tests {
 
     #[test]
     fn params_sizes_are_listed() {
-        assert_eq!(PARAMS_SIZES.len(), 5);
+        assert_eq!(PARAMS_SIZES.len(), 6);
         assert!(PARAMS_SIZES.iter().all(|(_, n)| n % 8 == 0));
     }
 }

@@ -564,3 +564,148 @@ fn hopper_scores_match_portable_dsv4() {
     hopper_vs_portable(case(1, 4096, 64, 128, 1024, 4, 0), 512, 711);
     hopper_vs_portable(case(2, 1001, 64, 128, 900, 4, 2047), 512, 712);
 }
+
+// ---- the Hopper backward (bwd_sm90.cu) against the reference and bwd_mma.cu -------------
+
+/// Whether the device runs the Hopper kernels (else the test says so and passes).
+fn on_sm90(test: &str) -> bool {
+    let arch = dsv4_cuda::gpu(0).unwrap().props().arch.clone();
+    if arch != "sm_90a" {
+        eprintln!("{test}: skipped, the device is {arch} (not sm_90a)");
+    }
+    arch == "sm_90a"
+}
+
+/// The atomic backward on device inputs by the kernel `path` picks.
+fn gpu_backward_path(inp: &Inputs, sel: &Tensor, grad: &Tensor, path: dsv4_cuda::indexer::BwdPath) -> Grads {
+    let c = inp.c;
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    let a = IndexerTopkScoresBwdArgs { fwd: inp.dev_args(), topk_indices: sel.view(), grad: grad.view(), deterministic: false };
+    let mut g = Grads { dq: alloc(DType::BF16, &[c.b, c.s, c.h, c.d]), dw: alloc(DType::F32, &[c.b, c.s, c.h]), dkv: alloc(DType::F32, &[c.b, c.p, c.d]) };
+    dsv4_cuda::indexer::topk_scores_backward_with(gpu, &a, &mut g.dq.view_mut(), &mut g.dw.view_mut(), &mut g.dkv.view_mut(), path).unwrap();
+    g
+}
+
+/// Gradients for a host selection: random, a seventh of them 0, and NaN or inf at every
+/// masked or invisible slot (the kernels must never read them: SPEC.md section 3 ignores
+/// those entries).
+fn poisoned_grad(c: Case, sel: &[i64], t: usize, seed: u64) -> Tensor {
+    let mut rng = Rng(seed);
+    let g = (0..c.b * c.s * t)
+        .map(|i| {
+            let s = (i / t) % c.s;
+            let vis = ((c.query_start + s + 1) / c.r).min(c.p) as i64;
+            let key = sel[i];
+            if key < 0 || key >= vis {
+                if i % 2 == 0 { f32::NAN } else { f32::INFINITY }
+            } else if i % 7 == 3 {
+                0.0
+            } else {
+                rng.sym()
+            }
+        })
+        .collect();
+    Tensor::from_f32(&[c.b, c.s, t], g).unwrap()
+}
+
+/// `bwd_sm90.cu` on a host selection `[B,S,T]`: against the reference (SPEC.md tolerances)
+/// and against `bwd_mma.cu` on the same device inputs (the same bf16 G and products, summed
+/// in another order: within the same tolerances of each other).
+fn hopper_backward_of_selection(name: &str, inp: &Inputs, sel: &[i64], t: usize, seed: u64) {
+    use dsv4_cuda::indexer::BwdPath;
+    let c = inp.c;
+    let sel_host = Tensor::from_i32(&[c.b, c.s, t], sel.iter().map(|&x| x as i32).collect()).unwrap();
+    let grad = poisoned_grad(c, sel, t, seed);
+    let (sel_d, grad_d) = (up(&sel_host), up(&grad));
+    let name = format!("{name} {c:?} T={t}");
+    let hopper = gpu_backward_path(inp, &sel_d, &grad_d, BwdPath::Hopper);
+    check_backward(&format!("{name} hopper"), inp, &sel_host, &grad, &hopper);
+    let portable = gpu_backward_path(inp, &sel_d, &grad_d, BwdPath::Portable);
+    for (what, x, y, tol) in [("dq", &hopper.dq, &portable.dq, Tolerance::Bf16), ("dweights", &hopper.dw, &portable.dw, Tolerance::F32Grad), ("dpooled_kv", &hopper.dkv, &portable.dkv, Tolerance::F32Grad)] {
+        let j = judge(&format!("{name} hopper vs bwd_mma {what}"), &f64s(x), &f64s(y), tol);
+        assert!(j.pass, "{j}");
+    }
+    // The i64 index path reads the same slots.
+    let sel64 = up(&Tensor::from_i64(&[c.b, c.s, t], sel.to_vec()).unwrap());
+    let wide = gpu_backward_path(inp, &sel64, &grad_d, BwdPath::Hopper);
+    assert!(bits(&wide.dq) == bits(&hopper.dq) && bits(&wide.dw) == bits(&hopper.dw), "{name}: i64 indices change dq / dw");
+    check_backward(&format!("{name} hopper i64"), inp, &sel_host, &grad, &wide);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_backward_odd_shapes() {
+    if !on_sm90("small_hopper_backward_odd_shapes") {
+        return;
+    }
+    // (case, T): heads 1..64 (padded to the wgmma's 64), D = 8..128 (one or two SW128
+    // groups, zero columns past D), r = 1..4, query_start > 0, B = 2, T from 1 (one partial
+    // tile) to 130 (three, the last partial), rows that see no key, and many rows per CTA
+    // (ring phases and q buffers carried across rows).
+    let cases = [
+        (case(2, 7, 3, 16, 5, 1, 0), 9),
+        (case(1, 13, 17, 40, 9, 2, 3), 70),
+        (case(1, 33, 64, 128, 37, 4, 100), 64),
+        (case(2, 9, 16, 64, 70, 1, 61), 1),
+        (case(1, 19, 1, 8, 130, 3, 0), 130),
+        (case(2, 300, 33, 120, 150, 2, 5), 65),
+        (case(1, 600, 64, 128, 200, 4, 7), 128),
+        (case(2, 517, 49, 72, 301, 1, 0), 33),
+    ];
+    for (i, &(c, t)) in cases.iter().enumerate() {
+        let inp = Inputs::new(c, 800 + i as u64);
+        hopper_backward_of_selection("odd shapes", &inp, &selection(c, t, 810 + i as u64), t, 820 + i as u64);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_backward_masks_and_duplicates() {
+    if !on_sm90("small_hopper_backward_masks_and_duplicates") {
+        return;
+    }
+    let c = case(2, 150, 64, 128, 90, 1, 0);
+    let t = 150;
+    let inp = Inputs::new(c, 830);
+    let mut rng = Rng(831);
+    let sel: Vec<i64> = (0..c.b * c.s)
+        .flat_map(|row| {
+            let s = row % c.s;
+            let vis = (s + 1).min(c.p) as u64;
+            let key = rng.below(vis) as i64;
+            let kind = row % 5;
+            let mut r = Rng(900 + row as u64);
+            (0..t)
+                .map(move |j| match kind {
+                    0 => -1,                                             // every slot masked: all tiles skipped
+                    1 => key,                                            // one key in every slot
+                    2 => if j < 64 { -1 } else { (j as i64) % 3 },       // a masked first tile, then 3 keys repeated
+                    3 => if j % 2 == 0 { (c.p + j) as i64 } else { key }, // out of range, duplicates
+                    _ => r.below(c.p as u64 + 4) as i64 - 2,             // random, some invisible or negative
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    hopper_backward_of_selection("masks and duplicates", &inp, &sel, t, 832);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn hopper_backward_dsv4_shape() {
+    if !on_sm90("hopper_backward_dsv4_shape") {
+        return;
+    }
+    // H = 64, D = 128, r = 4, top-512: the real selection (every visible key for k > P,
+    // then -1: whole skipped tiles) and a random one; B = 2 with query_start > 0 and P not a
+    // multiple of the tile.
+    let c = case(1, 1024, 64, 128, 256, 4, 0);
+    let inp = Inputs::new(c, 840);
+    let mut idx = alloc(DType::I32, &[c.b, c.s, c.p]);
+    let mut val = alloc(DType::F32, &[c.b, c.s, c.p]);
+    cuda().indexer_fused_topk(&inp.dev_args(), 512, &mut idx.view_mut(), &mut val.view_mut()).unwrap();
+    hopper_backward_of_selection("dsv4 real selection", &inp, &idx.to_i64_vec().unwrap(), c.p, 841);
+    hopper_backward_of_selection("dsv4 random selection", &inp, &selection(c, 512, 842), 512, 843);
+    let c = case(2, 257, 64, 128, 900, 4, 2047);
+    let inp = Inputs::new(c, 844);
+    hopper_backward_of_selection("dsv4 context-parallel rank", &inp, &selection(c, 512, 845), 512, 846);
+}

@@ -75,6 +75,29 @@ struct IndexerBwdParams {
 };
 DSV4_PARAMS_SIZE(IndexerBwdParams, 256);
 
+// bwd_sm90.cu: backward of `indexer_topk_scores` on Hopper (wgmma), atomic mode only.
+struct IndexerBwdSm90Params {
+    const bf16* q;         // [B,S,H,D], d-stride 1, rows 16-byte aligned, readable to round_up(D,8)
+    const bf16* kv;        // [B,P,D], same row rules as q
+    const float* w;        // [B,S,H] (any strides)
+    const void* topk;      // [B,S,T] i32 or i64 (any strides), -1 = masked
+    const float* grad;     // [B,S,T] (any strides)
+    bf16* dq;              // [B,S,H,D] out, contiguous, 4-byte aligned
+    float* dw;             // [B,S,H] out, contiguous
+    float* dkv;            // [B,P,D] zeroed, contiguous, 16-byte aligned (f32 vector reductions)
+    i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
+    i64 kv_sb, kv_sp;      // pooled_kv strides of b, p
+    i64 w_sb, w_ss, w_sh;  // weights strides
+    i64 t_sb, t_ss, t_st;  // topk strides
+    i64 g_sb, g_ss, g_st;  // grad strides
+    i32 B, S, H, D, P, T;
+    i32 query_start, compress_ratio, topk_is_i64;
+    i32 smem_bytes;        // dynamic shared memory of the launch (checked against the kernel's layout)
+    float scale;           // softmax_scale
+    i32 pad_;
+};
+DSV4_PARAMS_SIZE(IndexerBwdSm90Params, 224);
+
 // bwd.cu: deterministic mode's fixed-order sum of the partials.
 struct IndexerBwdReduceParams {
     const float* partial;  // [B, n_chunks, P*D]
