@@ -2,10 +2,12 @@
 //! `kernels/qnorm_rope/{fwd,bwd}.cu`.
 //!
 //! Fast kernels where x (and grad) are bf16 with unit channel stride and 16-byte aligned
-//! rows, and the output is 16-byte aligned: a group of lanes per row holding the row in
-//! registers, several rows in flight (`*_fast`, shapes decided here as compile-time
-//! defines). Otherwise the generic kernels: one warp per `(b, s, h)` row, staged in shared
-//! memory, 16-byte vector accesses where the layout allows.
+//! rows, and the output is 16-byte aligned: a group of lanes per row, several rows in
+//! flight (`*_fast`, shapes decided here as compile-time defines); the forward holds its
+//! rows in registers, a grid of every row block; the backward is persistent, its rows
+//! streamed through a shared-memory ring. Otherwise the generic kernels: one warp per
+//! `(b, s, h)` row, staged in shared memory, 16-byte vector accesses where the layout
+//! allows.
 
 use dsv4_core::ops::qnorm_rope::{token_major_strides, Dims, QNormRopeArgs};
 use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
@@ -116,8 +118,10 @@ fn is_bf16(t: DType) -> &'static str {
 const FAST_THREADS: usize = 256;
 
 /// The fast kernels' shape for C channels: (lanes per row, 16-byte chunks per lane, rows per
-/// lane group in flight); None when C is not a multiple of 8 or exceeds 1024. The backward
-/// holds x and grad, and prefetches the next rows, so it takes half the rows at a time.
+/// row block of a lane group); None when C is not a multiple of 8 or exceeds 1024. The
+/// forward loads a whole row block into registers before using it: 8 / cpl rows, 1 to 4
+/// (4 at C = 512: 128 bytes a thread in flight); the backward takes one row at a time
+/// through its shared-memory ring.
 fn fast_shape(c: usize, backward: bool) -> Option<(usize, usize, usize)> {
     if c == 0 || !c.is_multiple_of(8) {
         return None;
@@ -125,7 +129,7 @@ fn fast_shape(c: usize, backward: bool) -> Option<(usize, usize, usize)> {
     let chunks = c / 8;
     let lpr = chunks.next_power_of_two().min(32);
     let cpl = chunks.div_ceil(lpr);
-    let u = if cpl <= 2 && !backward { 2 } else { 1 };
+    let u = if backward { 1 } else { (8 / cpl).clamp(1, 4) };
     (cpl <= 4).then_some((lpr, cpl, u))
 }
 
@@ -143,62 +147,33 @@ fn fast_defines(shape: (usize, usize, usize), cs_vec: bool) -> [(&'static str, S
     [("QR_LPR", shape.0.to_string()), ("QR_CPL", shape.1.to_string()), ("QR_U", shape.2.to_string()), ("QR_CS_VEC", (cs_vec as u8).to_string())]
 }
 
-/// Resident 256-thread blocks per SM the fast kernels' registers are sized for: mirrors
-/// QR_FWD_MINB / QR_BWD_MINB (kernels/qnorm_rope/qnorm_rope.cuh).
-fn fast_min_blocks((_, cpl, u): (usize, usize, usize), backward: bool, cs_vec: bool) -> usize {
-    match (backward, cpl * u) {
-        (false, w) if w <= 4 && cs_vec => 3,
-        (false, _) => 2,
-        (true, w) if w <= 2 => {
-            if cs_vec {
-                3
-            } else {
-                2
-            }
-        }
-        (true, _) => 1,
-    }
+/// The fast forward's grid: one lane group per row block, every block (not persistent).
+fn fast_fwd_grid(rows: usize, (lpr, _, u): (usize, usize, usize)) -> u32 {
+    rows.div_ceil(u).div_ceil(FAST_THREADS / lpr).max(1) as u32
 }
 
-/// The fast kernels are persistent: one wave of resident blocks (SMs x blocks per SM), fewer
-/// when the rows need fewer.
-fn fast_grid(gpu: &Gpu, rows: usize, shape: (usize, usize, usize), backward: bool, cs_vec: bool) -> u32 {
-    let (lpr, _, u) = shape;
-    let needed = rows.div_ceil(u).div_ceil(FAST_THREADS / lpr);
-    let wave = gpu.props().sm_count as usize * fast_min_blocks(shape, backward, cs_vec);
-    needed.min(wave).max(1) as u32
+/// The fast backward's ring depth, `QR_STAGES` (qnorm_rope.cuh, default 4): a tuning knob
+/// `DSV4_EXTRA_DEFINES` may set; the kernel sees the same define, the launcher sizes the
+/// shared memory from it.
+fn ring_stages() -> usize {
+    crate::runtime::extra_define("QR_STAGES").and_then(|v| v.parse().ok()).unwrap_or(4)
 }
 
-/// An experimental variant of the fast kernels (qnorm_rope.cuh: `DSV4_QNORM_FWD_VARIANT`,
-/// `DSV4_QNORM_BWD_VARIANT`, ring depth `QR_STAGES`) as `DSV4_EXTRA_DEFINES` sets it: the
-/// kernels see the same define, the launcher sizes their grid and shared memory from it;
-/// `default` when absent or not a number.
-fn extra_define(name: &str, default: usize) -> usize {
-    crate::runtime::extra_define(name).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Resident blocks per SM of a ring variant: what its registers are sized for
-/// (QR_RING_FWD_MINB / QR_RING_BWD_MINB), bounded by its dynamic shared memory (1 KiB a
-/// block reserved by the driver).
-fn ring_grid(gpu: &Gpu, rows: usize, (lpr, cpl, u): (usize, usize, usize), smem: usize, backward: bool) -> u32 {
-    let by_regs = if backward && cpl * u > 2 { 2 } else { 3 };
+/// The fast backward is persistent: one wave of resident blocks, fewer when the rows need
+/// fewer. Blocks per SM: what its registers are sized for (QR_BWD_MINB), bounded by its
+/// dynamic shared memory (1 KiB a block reserved by the driver).
+fn ring_grid(gpu: &Gpu, rows: usize, (lpr, cpl, u): (usize, usize, usize), smem: usize) -> u32 {
+    let by_regs = if cpl * u > 2 { 2 } else { 3 };
     let per_sm = (gpu.props().max_shared_per_sm as usize / (smem + 1024)).clamp(1, by_regs);
     let needed = rows.div_ceil(u).div_ceil(FAST_THREADS / lpr);
     needed.min(gpu.props().sm_count as usize * per_sm).max(1) as u32
 }
 
-/// Dynamic shared memory of a ring variant: `bulk` = the bulk-copy layout (mbarriers, then
-/// whole rows per lane group), else the cp.async layout (16-byte slots per lane); `tensors`
-/// rows a stage row (x; or x and grad), `rstd` adds the backward's per-lane rstd slots.
-fn ring_smem((lpr, cpl, u): (usize, usize, usize), c: usize, stages: usize, bulk: bool, tensors: usize, rstd: bool) -> usize {
+/// Dynamic shared memory of the fast backward's ring: 16-byte slots per lane for x and grad,
+/// `[warps][stages][u][x, grad][cpl][32 lanes]`, then rstd `[warps][stages][u][32 lanes]` f32.
+fn ring_smem((_, cpl, u): (usize, usize, usize), stages: usize) -> usize {
     let warps = FAST_THREADS / 32;
-    let rows = if bulk {
-        let groups = FAST_THREADS / lpr;
-        (groups * stages * 8).next_multiple_of(128) + groups * stages * u * tensors * c * 2
-    } else {
-        warps * stages * u * tensors * cpl * 32 * 16
-    };
-    rows + if rstd { warps * stages * u * 32 * 4 } else { 0 }
+    warps * stages * u * 2 * cpl * 32 * 16 + warps * stages * u * 32 * 4
 }
 
 fn grid_for(gpu: &Gpu, rows: usize, warps: usize) -> u32 {
@@ -247,35 +222,15 @@ pub fn forward(gpu: &Gpu, a: &QNormRopeArgs, out: &mut TensorViewMut, rstd: &mut
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
         d.extend(fast_defines(shape, cs_vec));
-        // Experimental variants (qnorm_rope.cuh); 0, the default, launches as before.
-        let variant = extra_define("DSV4_QNORM_FWD_VARIANT", 0);
-        if variant != 0 {
-            let shape = if variant == 2 { (shape.0, shape.1, (8 / shape.1).clamp(1, 4)) } else { shape };
-            let mut d = defines.to_vec();
-            d.extend(fast_defines(shape, cs_vec));
-            let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
-            let (grid, smem) = if variant <= 2 {
-                (rows.div_ceil(shape.2).div_ceil(FAST_THREADS / shape.0).max(1) as u32, 0)
-            } else {
-                let bulk = variant == 4 && gpu.props().arch == "sm_90a";
-                let smem = ring_smem(shape, dm.c, extra_define("QR_STAGES", 4), bulk, 1, false);
-                (ring_grid(gpu, rows, shape, smem, false), smem)
-            };
-            // SAFETY: as for the default launch below (same checks, same params); the ring
-            // variants index `smem` bytes of dynamic shared memory, sized by ring_smem for
-            // the kernel's layout (QR_STAGES as the kernel sees it); bulk copies move whole
-            // rows of C * 2 bytes (a multiple of 16) from 16-byte aligned row starts.
-            return unsafe { k.launch([grid, 1, 1], [FAST_THREADS as u32, 1, 1], smem as u32, &p) };
-        }
         let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd_fast", &d)?;
         // SAFETY: x is bf16 with unit channel stride and 16-byte aligned rows, C a multiple
         // of 8 (vector_width, fast_shape): each 16-byte load lies in a row; cos and sin are
         // validated [B,S,R] views; out is token-major [B,S,H,C] bf16 with a 16-byte
         // aligned base (out_vector_width) and rstd contiguous [B*S*H] f32 (checked above);
         // float4 reads of cos/sin only where cos_sin_vec checked unit r stride, 16-byte
-        // aligned rows and C - R a multiple of 8; the kernel guards rows >= B*S*H (its
-        // persistent loop's prefetch past the end included) and chunks >= C.
-        return unsafe { k.launch([fast_grid(gpu, rows, shape, false, cs_vec), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+        // aligned rows and C - R a multiple of 8; the kernel guards rows >= B*S*H and
+        // chunks >= C.
+        return unsafe { k.launch([fast_fwd_grid(rows, shape), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
     }
     let Some((warps, smem)) = warps_per_block(gpu, dm.c, 1) else { return Err(too_wide(OP, gpu, dm.c, 1)) };
     let k = gpu.kernel("qnorm_rope/fwd.cu", "qnorm_rope_fwd", &defines)?;
@@ -310,23 +265,15 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
         let mut d = defines.to_vec();
         let cs_vec = cos_sin_vec(a, dm.c, dm.r);
         d.extend(fast_defines(shape, cs_vec));
-        // Experimental variants (qnorm_rope.cuh); 0, the default, launches as before.
-        let variant = extra_define("DSV4_QNORM_BWD_VARIANT", 0);
-        if variant != 0 {
-            let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
-            let bulk = variant == 2 && gpu.props().arch == "sm_90a";
-            let smem = ring_smem(shape, dm.c, extra_define("QR_STAGES", 4), bulk, 2, true);
-            // SAFETY: as for the default launch below; the kernel indexes `smem` bytes of
-            // dynamic shared memory, sized by ring_smem for its layout; bulk copies move
-            // whole rows of C * 2 bytes from 16-byte aligned row starts.
-            return unsafe { k.launch([ring_grid(gpu, rows, shape, smem, true), 1, 1], [FAST_THREADS as u32, 1, 1], smem as u32, &p) };
-        }
         let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd_fast", &d)?;
+        let smem = ring_smem(shape, ring_stages());
         // SAFETY: as in `forward`'s fast path, for x and grad (both bf16, unit channel
         // stride, 16-byte aligned rows, checked by vector_width); rstd contiguous [B*S*H]
         // f32; dx token-major bf16 with a 16-byte aligned base; the kernel guards rows >=
-        // B*S*H (prefetch included) and chunks >= C; cos/sin as in `forward`.
-        return unsafe { k.launch([fast_grid(gpu, rows, shape, true, cs_vec), 1, 1], [FAST_THREADS as u32, 1, 1], 0, &p) };
+        // B*S*H (its copies ahead past the end included: zero-filled, reading nothing) and
+        // chunks >= C; cos/sin as in `forward`; it indexes `smem` bytes of dynamic shared
+        // memory, sized by ring_smem for its layout with QR_STAGES as the kernel sees it.
+        return unsafe { k.launch([ring_grid(gpu, rows, shape, smem), 1, 1], [FAST_THREADS as u32, 1, 1], smem as u32, &p) };
     }
     let Some((warps, smem)) = warps_per_block(gpu, dm.c, 2) else { return Err(too_wide("qnorm_rope_backward", gpu, dm.c, 2)) };
     let k = gpu.kernel("qnorm_rope/bwd.cu", "qnorm_rope_bwd", &defines)?;

@@ -3,9 +3,10 @@
 //!
 //! One thread per matrix, the whole `n x n` matrix in registers; `n` is a compile-time
 //! define (1..=8). float4 accesses where x (and dout) are contiguous and 16-byte aligned
-//! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps each
-//! step's `n` denominators in shared memory, `(2*repeat - 1) * n` doubles per thread
-//! (plus the matrix itself, `n*n` doubles, for n >= 7).
+//! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps `n`
+//! numbers per step in shared memory (the scale factors the step sets for n <= 6, its
+//! denominators for n >= 7), `(2*repeat - 1) * n` doubles per thread (plus the matrix
+//! itself, `n*n` doubles, for n >= 7).
 
 use dsv4_core::ops::sinkhorn::SinkhornArgs;
 use dsv4_core::{Error, Result, TensorView, TensorViewMut};

@@ -3,20 +3,19 @@
 //          (ga, gb) -> (ga cos_j + gb sin_j, gb cos_j - ga sin_j); other channels g' = g
 //   xhat = x * rstd                                           (f32)
 //   dx   = rstd * (g' - xhat * mean_c(g' * xhat))
-// dx token-major [B,S,H,C] in x's dtype. One warp per row; dynamic shared memory: 2*C
-// floats per warp (g, then x).
+// dx token-major [B,S,H,C] in x's dtype. Generic kernel: one warp per row; dynamic shared
+// memory: 2*C floats per warp (g, then x). The fast kernel (below): see qnorm_rope.cuh.
 //
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8
 // dsv4-test-defines: QR_X_BF16=0 QR_G_BF16=0 QR_X_VEC=4 QR_G_VEC=4 QR_O_VEC=4
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=0
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=1 QR_U=2
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=1 QR_CPL=1 QR_U=2
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=4 QR_U=1
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1 QR_CS_VEC=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=1 QR_U=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=1 QR_CPL=1 QR_U=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=8 QR_CPL=1 QR_U=1
 // dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1 QR_CS_VEC=1 DSV4_QNORM_BWD_VARIANT=1
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1 QR_CS_VEC=1 DSV4_QNORM_BWD_VARIANT=2
-// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=8 QR_CPL=1 QR_U=1 DSV4_QNORM_BWD_VARIANT=2
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=2 QR_U=1 QR_CS_VEC=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=3 QR_U=1
+// dsv4-test-defines: QR_X_BF16=1 QR_G_BF16=1 QR_X_VEC=8 QR_G_VEC=8 QR_O_VEC=8 QR_LPR=32 QR_CPL=4 QR_U=1
 #include "qnorm_rope/qnorm_rope.cuh"
 
 using namespace qnorm_rope;
@@ -80,109 +79,17 @@ extern "C" __global__ void __launch_bounds__(256) qnorm_rope_bwd(const QNormRope
     }
 }
 
-#if QR_X_BF16 && QR_G_BF16 && DSV4_QNORM_BWD_VARIANT == 0
+#if QR_X_BF16 && QR_G_BF16
 // Fast backward (bf16 x and grad, unit channel stride, 16-byte aligned rows and output):
-// see the header. Persistent like the fast forward: lane group `gid` handles the row
-// blocks gid, gid + groups, ... of QR_U rows, the next block's loads issued first.
+// see the header. Persistent: lane group `gid` (QR_LPR lanes) handles the row blocks gid,
+// gid + groups, ... of QR_U rows; x and grad rows travel through a ring of QR_STAGES row
+// blocks in shared memory (QR_STAGES - 1 blocks per lane group in flight, no registers
+// held: 3 x 2 KiB per warp at C = 512, QR_U = 1), each lane copying its own 16-byte chunks
+// by cp.async and reading back only those (per-thread cp.async groups order them: no
+// barrier); each lane also copies rstd of the block's rows into its own slot by a 4-byte
+// cp.async. Dynamic shared memory: rows [warps][QR_STAGES][QR_U][x, grad][QR_CPL][32
+// lanes] x 16 bytes, then rstd [warps][QR_STAGES][QR_U][32 lanes] f32.
 extern "C" __global__ void __launch_bounds__(256, QR_BWD_MINB) qnorm_rope_bwd_fast(const QNormRopeParams p) {
-    const int gl = threadIdx.x % QR_LPR;
-    const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QR_LPR;
-    const i64 groups = (i64)gridDim.x * blockDim.x / QR_LPR;
-    const i64 n_rows = p.B * p.S * p.H, rot0 = p.C - p.R;
-    const i64 n_blocks = (n_rows + QR_U - 1) / QR_U;
-    const bool small = n_rows <= 0xffffffffll;
-    const bf16* xs = static_cast<const bf16*>(p.x);
-    const bf16* gs = static_cast<const bf16*>(p.grad);
-    bf16* outs = static_cast<bf16*>(p.out);
-    auto load = [&](i64 blk, uint4 (&xraw)[QR_U][QR_CPL], uint4 (&graw)[QR_U][QR_CPL], float (&rstd)[QR_U]) {
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            const i64 r = blk * QR_U + u;
-            const bool ok = r < n_rows;
-            const RowIndex ix = row_index_fast(p, ok ? r : 0, small);
-            const bf16* xr = xs + ix.b * p.x_stride[0] + ix.h * p.x_stride[1] + ix.s * p.x_stride[2];
-            const bf16* gr = gs + ix.b * p.g_stride[0] + ix.h * p.g_stride[1] + ix.s * p.g_stride[2];
-            rstd[u] = ok ? __ldg(p.rstd_in + r) : 0.f;
-#pragma unroll
-            for (int k = 0; k < QR_CPL; ++k) {
-                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-                const bool in = ok && c0 < p.C;
-                xraw[u][k] = in ? ld16(xr + c0) : make_uint4(0u, 0u, 0u, 0u);
-                graw[u][k] = in ? ld16(gr + c0) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-    };
-    uint4 xraw[QR_U][QR_CPL], graw[QR_U][QR_CPL];
-    float rstd[QR_U];
-    load(gid, xraw, graw, rstd);
-    for (i64 blk = gid; blk < n_blocks; blk += groups) {
-        uint4 nxraw[QR_U][QR_CPL], ngraw[QR_U][QR_CPL];
-        float nrstd[QR_U];
-        load(blk + groups, nxraw, ngraw, nrstd);  // zeros past the end
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            const i64 r = blk * QR_U + u;
-            const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);  // recomputed: cheaper than holding it
-            const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
-            const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
-            // g' = bf16(conjugate rotation of g's last R pairs), in place in gp.
-            float gp[QR_CPL][8];
-            float dot = 0.f;
-#pragma unroll
-            for (int k = 0; k < QR_CPL; ++k) {
-                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-                unpack8(graw[u][k], gp[k]);
-                if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
-                    float cj[4], sj[4];
-                    chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
-#pragma unroll
-                    for (int i = 0; i < 8; i += 2) {
-                        if (c0 + i < rot0) continue;
-                        const float ga = gp[k][i], gb = gp[k][i + 1];
-                        gp[k][i] = dsv4::round_bf16(__fadd_rn(__fmul_rn(ga, cj[i / 2]), __fmul_rn(gb, sj[i / 2])));
-                        gp[k][i + 1] = dsv4::round_bf16(__fsub_rn(__fmul_rn(gb, cj[i / 2]), __fmul_rn(ga, sj[i / 2])));
-                    }
-                }
-                float xv[8];
-                unpack8(xraw[u][k], xv);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd[u];  // mean_c(g' * xhat)
-            }
-            const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
-            if (r >= n_rows) continue;  // the whole group: r is the group's
-            bf16* o = outs + r * p.C;
-#pragma unroll
-            for (int k = 0; k < QR_CPL; ++k) {
-                const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
-                if (c0 >= p.C) continue;
-                float xv[8], v[8];
-                unpack8(xraw[u][k], xv);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) v[i] = rstd[u] * (gp[k][i] - xv[i] * rstd[u] * mean);  // dx
-                st16_cs(o + c0, v);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            rstd[u] = nrstd[u];
-#pragma unroll
-            for (int k = 0; k < QR_CPL; ++k) xraw[u][k] = nxraw[u][k], graw[u][k] = ngraw[u][k];
-        }
-    }
-}
-#elif QR_X_BF16 && QR_G_BF16
-// Fast backward, variants 1 and 2 (experimental, see the header): persistent like the
-// default, x and grad rows through a ring of QR_STAGES row blocks in shared memory
-// (QR_STAGES - 1 blocks per lane group in flight, no registers held: 3 x 2 KiB per warp at
-// C = 512, QR_U = 1). Each lane also copies rstd of the block's rows into its own slot by a
-// 4-byte cp.async. Dynamic shared memory, after the variant's rows:
-// [warps][QR_STAGES][QR_U][32 lanes] f32 rstd.
-//   variant 1: rows by 16-byte cp.async, each lane reading back its own chunks: rows
-//     [warps][QR_STAGES][QR_U][x, grad][QR_CPL][32 lanes] x 16 bytes.
-//   variant 2 (sm_90; 1 elsewhere): the group's first lane copies each x and grad row with
-//     one bulk copy (TMA) completing the stage's mbarrier: [groups][QR_STAGES] mbarriers
-//     (padded to 128 bytes), then rows [groups][QR_STAGES][QR_U][x, grad][C] bf16.
-extern "C" __global__ void __launch_bounds__(256, QR_RING_BWD_MINB) qnorm_rope_bwd_fast(const QNormRopeParams p) {
     extern __shared__ __align__(128) unsigned char ring_smem[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gl = threadIdx.x % QR_LPR;
     const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / QR_LPR;
@@ -192,68 +99,6 @@ extern "C" __global__ void __launch_bounds__(256, QR_RING_BWD_MINB) qnorm_rope_b
     const bool small = n_rows <= 0xffffffffll;
     const bf16* xs = static_cast<const bf16*>(p.x);
     const bf16* gs = static_cast<const bf16*>(p.grad);
-#if DSV4_QNORM_BWD_VARIANT == 2 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900  // the launcher: arch == "sm_90a"
-    const int gib = threadIdx.x / QR_LPR, gpb = blockDim.x / QR_LPR;  // group in block, groups per block
-    const u32 row_bytes = (u32)p.C * 2;
-    const u32 bars = smem_addr(ring_smem) + gib * QR_STAGES * 8;
-    const u32 rows0 = smem_addr(ring_smem) + ((gpb * QR_STAGES * 8 + 127) & ~127);
-    const u32 data = rows0 + gib * QR_STAGES * QR_U * 2 * row_bytes;  // [stage][u][x, grad][C]
-    const u32 rs = rows0 + gpb * QR_STAGES * QR_U * 2 * row_bytes + (u32)(warp * QR_STAGES * QR_U * 32 + lane) * 4;
-    const u32 gmask = group_mask(lane);
-    if (gl == 0) {
-#pragma unroll
-        for (int s = 0; s < QR_STAGES; ++s) mbar_init(bars + 8 * s, 1);
-        mbar_init_fence();
-    }
-    __syncwarp(gmask);
-    auto issue = [&](i64 blk, int s) {
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            const i64 r = blk * QR_U + u;
-            cp_async4(rs + (s * QR_U + u) * 32 * 4, r < n_rows ? p.rstd_in + r : p.rstd_in, r < n_rows);
-        }
-        cp_async_commit();
-        if (gl != 0) return;
-        u32 bytes = 0;
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) bytes += (blk * QR_U + u < n_rows) ? 2 * row_bytes : 0u;
-        mbar_arrive_expect_tx(bars + 8 * s, bytes);
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            const i64 r = blk * QR_U + u;
-            if (r >= n_rows) continue;
-            const RowIndex ix = row_index_fast(p, r, small);
-            const u32 d = data + (s * QR_U + u) * 2 * row_bytes;
-            bulk_copy(d, xs + ix.b * p.x_stride[0] + ix.h * p.x_stride[1] + ix.s * p.x_stride[2], row_bytes, bars + 8 * s);
-            bulk_copy(d + row_bytes, gs + ix.b * p.g_stride[0] + ix.h * p.g_stride[1] + ix.s * p.g_stride[2], row_bytes, bars + 8 * s);
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < QR_STAGES - 1; ++s) issue(gid + s * groups, s);
-    int s = 0;
-    u32 phase = 0;
-    for (i64 blk = gid; blk < n_blocks; blk += groups) {
-        __syncwarp(gmask);  // every lane of the group has read the stage issued next
-        issue(blk + (QR_STAGES - 1) * groups, s == 0 ? QR_STAGES - 1 : s - 1);
-        cp_async_wait<QR_STAGES - 1>();  // this lane's rstd copies of stage s
-        mbar_wait(bars + 8 * s, phase);
-#pragma unroll
-        for (int u = 0; u < QR_U; ++u) {
-            uint4 xraw[QR_CPL], graw[QR_CPL];
-            const u32 d = data + (s * QR_U + u) * 2 * row_bytes;
-#pragma unroll
-            for (int k = 0; k < QR_CPL; ++k) {
-                const u32 c0 = 8 * (gl + QR_LPR * k);
-                const bool in = c0 < (u32)p.C;
-                xraw[k] = in ? lds16(d + 2 * c0) : make_uint4(0u, 0u, 0u, 0u);
-                graw[k] = in ? lds16(d + row_bytes + 2 * c0) : make_uint4(0u, 0u, 0u, 0u);
-            }
-            bwd_row(p, blk * QR_U + u, n_rows, rot0, small, gl, xraw, graw, lds4(rs + (s * QR_U + u) * 32 * 4));
-        }
-        if (++s == QR_STAGES) s = 0, phase ^= 1;
-    }
-    cp_async_wait<0>();
-#else
     const int warps = blockDim.x / 32;
     // This lane's slot of (stage s, row u, tensor t: 0 x / 1 grad, chunk k), and of rstd.
     const u32 ring = smem_addr(ring_smem) + (u32)(warp * QR_STAGES * QR_U * 2 * QR_CPL * 32 + lane) * 16;
@@ -293,7 +138,6 @@ extern "C" __global__ void __launch_bounds__(256, QR_RING_BWD_MINB) qnorm_rope_b
         }
         if (++s == QR_STAGES) s = 0;
     }
-    cp_async_wait<0>();
-#endif
+    cp_async_wait<0>();  // no copy outlives the block (the tail's are past the end: zeros)
 }
 #endif

@@ -4,12 +4,13 @@
 // Two kernels per direction:
 // - `*_fast` (bf16 x, and grad backward, with unit channel stride and 16-byte aligned
 //   rows; 16-byte aligned output): a group of QR_LPR lanes per row, each lane holding
-//   QR_CPL 16-byte chunks of 8 channels in registers (a RoPE pair never straddles a
-//   chunk: chunks start at multiples of 8 and C - R is even), QR_U rows per group in
-//   flight, every load issued before any use; sums by shuffles over the group. Persistent
-//   (one wave of resident blocks): each group loads its next QR_U rows before computing
-//   the current ones; streaming (evict-first) loads and stores; cos/sin as float4 where
-//   QR_CS_VEC.
+//   QR_CPL 16-byte chunks of 8 channels (a RoPE pair never straddles a chunk: chunks
+//   start at multiples of 8 and C - R is even); sums by shuffles over the group;
+//   streaming (evict-first) loads and stores; cos/sin as float4 where QR_CS_VEC.
+//   Forward: one block of QR_U rows per lane group, every 16-byte load of the block issued
+//   before any use, a grid of every block (not persistent). Backward: persistent (one wave
+//   of resident blocks), x, grad and rstd of the next QR_STAGES - 1 row blocks in flight
+//   through a shared-memory ring filled by cp.async.
 // - the generic kernels (any strides, f32 x or grad): one warp per row, staged in shared
 //   memory (f32) so a channel can read its RoPE partner.
 // Rows run in token-major order r = (b*S + s)*H + h, so consecutive rows are written
@@ -38,7 +39,7 @@
 #define QR_O_VEC 1
 #endif
 // Fast kernels: lanes per row (a power of two <= 32), 16-byte chunks per lane
-// (QR_LPR * QR_CPL * 8 >= C), rows per lane group in flight.
+// (QR_LPR * QR_CPL * 8 >= C), rows per row block of a lane group.
 #ifndef QR_LPR
 #define QR_LPR 32
 #endif
@@ -54,39 +55,15 @@
 #ifndef QR_CS_VEC
 #define QR_CS_VEC 0
 #endif
-// Fast kernels: resident blocks of 256 threads per SM the register budget is sized for
-// (__launch_bounds__ minimum); the launcher sizes the persistent grid as SMs x this (the
-// same formula lives in qnorm_rope.rs).
-#define QR_FWD_MINB ((QR_CPL * QR_U <= 4 && QR_CS_VEC) ? 3 : 2)
-#define QR_BWD_MINB ((QR_CPL * QR_U <= 2) ? (QR_CS_VEC ? 3 : 2) : 1)
-
-// Experimental variants of the fast kernels (docs/perf.md, "qnorm_rope variants on
-// exp/qnorm-variants"), chosen at run time by DSV4_EXTRA_DEFINES; 0 = the kernels above,
-// unchanged. The launcher (qnorm_rope.rs) reads the same two defines to size its grid.
-//   DSV4_QNORM_FWD_VARIANT 1: one row block per lane group, all loads first, a grid of
-//     every block (round 2's structure), QR_U rows as the launcher picks (2 at C = 512);
-//     2: the same with QR_U = 4 at C = 512 (128 bytes a thread in flight);
-//     3: persistent, rows staged through a QR_STAGES-deep shared-memory ring by 16-byte
-//     cp.async (each lane reads back only the chunks it copied: no barrier);
-//     4: as 3 with one bulk copy (TMA, cp.async.bulk) per row, an mbarrier per stage
-//     (sm_90; 3 elsewhere).
-//   DSV4_QNORM_BWD_VARIANT 1: backward through the cp.async ring (x, grad and rstd);
-//     2: backward through the bulk-copy ring (x and grad; rstd by 4-byte cp.async).
-#ifndef DSV4_QNORM_FWD_VARIANT
-#define DSV4_QNORM_FWD_VARIANT 0
-#endif
-#ifndef DSV4_QNORM_BWD_VARIANT
-#define DSV4_QNORM_BWD_VARIANT 0
-#endif
-// Ring variants: stages per lane group (QR_STAGES - 1 row blocks in flight while one is
-// computed); the launcher reads the same define (default 4) for the shared-memory size.
+// Fast backward: ring stages per lane group (QR_STAGES - 1 row blocks in flight while one
+// is computed); the launcher reads the same define (default 4) for the shared-memory size.
 #ifndef QR_STAGES
 #define QR_STAGES 4
 #endif
-// Ring variants: resident 256-thread blocks per SM the registers are sized for (the
-// launcher's ring_min_blocks mirrors these and also bounds them by shared memory).
-#define QR_RING_FWD_MINB 3
-#define QR_RING_BWD_MINB ((QR_CPL * QR_U <= 2) ? 3 : 2)
+// Fast backward: resident 256-thread blocks per SM the registers are sized for
+// (__launch_bounds__ minimum; the launcher's ring_grid mirrors it and also bounds it by
+// shared memory).
+#define QR_BWD_MINB ((QR_CPL * QR_U <= 2) ? 3 : 2)
 
 struct QNormRopeParams {
     const void* x;          // logical [B,H,S,C], x's dtype, strides x_stride
@@ -210,7 +187,7 @@ __device__ __forceinline__ void store_chunk(T* row, i64 c0, const float (&v)[VEC
     }
 }
 
-// ---- variants (DSV4_QNORM_FWD_VARIANT / DSV4_QNORM_BWD_VARIANT != 0) -------------------
+// ---- the backward's shared-memory ring ----------------------------------------------
 
 // 16 (or 4) bytes global -> shared, asynchronously (sm_80+, L1 bypassed for 16); `valid ==
 // false` writes zeros and reads nothing (src must still be a mapped address).
@@ -235,42 +212,15 @@ __device__ __forceinline__ float lds4(u32 a) {
 }
 __device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Bulk copy (TMA, 1-D) of `bytes` (a multiple of 16, both ends 16-byte aligned) global ->
-// shared, completing `bytes` of the transaction count of the mbarrier at `bar`.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// The stage's one arrival (count 1 at init), expecting `bytes` from bulk copies.
-__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_init(u32 bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"); }
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-#endif
-
-// Lanes of this lane group (QR_LPR lanes) as a warp mask.
-__device__ __forceinline__ u32 group_mask(int lane) {
-    return QR_LPR == 32 ? DSV4_FULL_MASK : (((1u << QR_LPR) - 1u) << (lane & ~(QR_LPR - 1)));
-}
+// ---- the fast kernels' row bodies ----------------------------------------------------
 
 // Forward of one row r (token-major) from this lane's QR_CPL raw chunks (chunk k holds
 // channels 8 * (gl + QR_LPR * k) .. + 8; zeros past C): every lane of the group calls it
 // with the same r (the group's shuffles), rows r >= n_rows store nothing.
 //   rstd = 1 / sqrt(mean_c x^2 + eps);  y = bf16(x * rstd);  last R channels rotated.
-// Same operations as the default kernel's row body; bf16(x * rstd) and the rotated values
-// are rounded once, by the store's packing (bf16(bf16(v)) = bf16(v): the round_bf16 of
-// the default kernel before its pack_bf16 is the identity), except y of rotated chunks,
-// which the rotation reads rounded.
+// bf16(x * rstd) and the rotated values are rounded once, by the store's packing, except y
+// of rotated chunks, which the rotation reads rounded (bf16(bf16(v)) = bf16(v): the same
+// values as rounding each at its boundary).
 __device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&raw)[QR_CPL]) {
     float ss = 0.f;
 #pragma unroll
@@ -315,8 +265,8 @@ __device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_r
     }
 }
 
-// Backward of one row r from this lane's raw chunks of x and grad (zeros past C), as the
-// default kernel's row body:
+// Backward of one row r from this lane's raw chunks of x and grad (zeros past C) and its
+// rstd; every lane of the group calls it with the same r, rows r >= n_rows store nothing:
 //   g' = bf16(conjugate rotation of g's last R pairs);  dx = rstd (g' - xhat mean_c(g' xhat)).
 __device__ __forceinline__ void bwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&xraw)[QR_CPL], const uint4 (&graw)[QR_CPL], float rstd) {
     const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);

@@ -1,132 +1,55 @@
 // Sinkhorn backward (SPEC.md section 4), in f64: the backward of 2*repeat - 1 steps is
 // ill-conditioned enough (the softmax and the converged normalisations cancel most of
 // dout) that any f32 evaluation, the f32 CPU reference included, lands ~3e-5 of the row
-// scale away from the exact result on 65k random matrices; f64 keeps it below 1e-9.
+// scale away from the exact result on 65k random matrices; f64 keeps it below 1e-9 (any
+// f32 stage, the softmax included, misses the per-row 1e-5 bound:
+// scripts/sinkhorn_bwd_emulate.py).
 //
-// One thread per matrix. Recompute the forward from x (f64), storing only each step's n
-// denominators in shared memory, laid out [step][j][thread] (consecutive threads,
-// consecutive 8-byte words: conflict-free). Then walk the steps in reverse:
+// One thread per matrix. Recompute the forward from x (f64), storing only n numbers per
+// step in shared memory, laid out [step][e][thread] (consecutive threads, consecutive
+// 8-byte words: conflict-free), then walk the steps in reverse. Two kernels by n:
+//
+// n <= 6: scaled-gradient sweep. The forward runs on scale factors,
+//   y = diag(a) K diag(b) with K = softmax + eps, keeping alpha = 1/a and beta = 1/b:
+//     rows: alpha_i = sum_j K_ij b_j + eps alpha_i (= den_i / a_i), a_i = 1 / alpha_i
+//   and the tape holds the factor each step sets. The reverse walks gt = dL/dy * (a b^T)
+//   (= h / K with h = y * dL/dy), for which a step's reverse has no division:
+//     rows:  H_i = sum_j K_ij gt_ij,  gt -= (a * H) b^T
+//     cols:  C_j = sum_i K_ij gt_ij,  gt -= a (b * C)^T
+//   gt starts as dout * (a b^T) and ends as dL/dy0 (a = b = 1 before step 0). Per step
+//   ~64 f64 instructions and 4 MUFU.RCP64H at n = 4. Reciprocals: one Newton step (error
+//   ~1e-12; the result moves by ~1e-9 of the row scale).
+//
+// n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
+// memory too ([e][thread], after the tape): v and g together would not fit in registers.
 //   step k:   v = u / den                        (v: the step's output)
 //   reverse:  g <- (g - sums of g*v along the axis) / den
 //             u  = v * den                        (the step's input, reconstructed)
 //   softmax:  dx = z * (g - sum_j g_j z_j),  z = y0 - eps   (y0 = z + eps, so dz = g)
 // The reconstruction error is a random walk of ~1 f64 ulp per step.
-// For n >= 7 the matrix v also lives in shared memory ([e][thread], after the tape): v and
-// g together would not fit in registers.
-//
-// Variants (untimed, branch exp/sinkhorn-variants; n <= 6 only, n >= 7 keeps the code
-// below), same shared-memory tape size, still f64 (any f32 stage, the softmax included,
-// misses the per-row 1e-5 bound: scripts/sinkhorn_bwd_emulate.py):
-//   DSV4_SINKHORN_BWD_VARIANT=1: scaled-gradient sweep. The forward runs on scale factors,
-//     y = diag(a) K diag(b) with K = softmax + eps, keeping alpha = 1/a and beta = 1/b:
-//       rows: alpha_i = sum_j K_ij b_j + eps alpha_i (= den_i / a_i), a_i = 1 / alpha_i
-//     and the tape holds the factor each step sets. The reverse walks gt = dL/dy * (a b^T)
-//     (= h / K with h = y * dL/dy), for which a step's reverse has no division:
-//       rows:  H_i = sum_j K_ij gt_ij,  gt -= (a * H) b^T
-//       cols:  C_j = sum_i K_ij gt_ij,  gt -= a (b * C)^T
-//     gt starts as dout * (a b^T) and ends as dL/dy0 (a = b = 1 before step 0). Per step
-//     ~64 f64 instructions and 4 MUFU.RCP64H instead of ~128 and 8. Reciprocals: one
-//     Newton step (error ~1e-12; the result moves by ~1e-9 of the row scale).
-//   DSV4_SINKHORN_BWD_VARIANT=2: variant 1 with two Newton steps per reciprocal (in case
-//     MUFU.RCP64H's seed is coarser than 2^-19), +8 DFMA per step.
 //
 // dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_VARIANT=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_VARIANT=2
-// dsv4-test-defines: SINKHORN_N=6 DSV4_SINKHORN_BWD_VARIANT=1
-// dsv4-test-defines: SINKHORN_N=1 DSV4_SINKHORN_BWD_VARIANT=1
-// dsv4-test-defines: SINKHORN_N=8 DSV4_SINKHORN_BWD_VARIANT=1
+// dsv4-test-defines: SINKHORN_N=6
+// dsv4-test-defines: SINKHORN_N=8
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
 #include "sinkhorn/sinkhorn.cuh"
 
-// 0: the v2 kernel; 1, 2: the scaled-gradient sweep (above), for n <= 6.
-#ifndef DSV4_SINKHORN_BWD_VARIANT
-#define DSV4_SINKHORN_BWD_VARIANT 0
-#endif
-#if DSV4_SINKHORN_BWD_VARIANT != 0 && SINKHORN_N <= 6
-#define SINKHORN_SCALED 1
-#else
-#define SINKHORN_SCALED 0
-#endif
-
 using namespace sinkhorn;
-
-#if SINKHORN_N >= 7
-// v in shared memory, this thread's column of a [NN][blockDim.x] array.
-struct VMat {
-    double* p;
-    int stride;
-    __device__ __forceinline__ double& operator()(int e) { return p[e * stride]; }
-};
-#define SINKHORN_V_SMEM 1
-#else
-struct VMat {
-    double r[NN];
-    __device__ __forceinline__ double& operator()(int e) { return r[e]; }
-};
-#define SINKHORN_V_SMEM 0
-#endif
-
-// 1 / d for a normal positive d: the hardware approximation (MUFU.RCP64H, ~20 bits or
-// better) refined by two Newton steps (error squared each time: below an f64 ulp or so),
-// no slow path. The forward recompute and the backward invert the same d the same way.
-__device__ __forceinline__ double rcp(double d) {
-    double r;
-    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
-    r = fma(r, fma(-d, r, 1.0), r);
-    return fma(r, fma(-d, r, 1.0), r);
-}
 
 // Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
 // b = the summed index.
 template <bool ROWS> __device__ __forceinline__ int at(int a, int b) { return ROWS ? a * N + b : b * N + a; }
 
-// Forward step: v /= (sums along the axis + eps); records the denominators in tape[a*T].
-template <bool ROWS> __device__ __forceinline__ void fwd_step(VMat& v, double eps, double* tape, int T) {
-#pragma unroll
-    for (int a = 0; a < N; ++a) {
-        double d = eps;
-#pragma unroll
-        for (int b = 0; b < N; ++b) d = __dadd_rn(d, v(at<ROWS>(a, b)));
-        tape[a * T] = d;
-        const double inv = rcp(d);
-#pragma unroll
-        for (int b = 0; b < N; ++b) v(at<ROWS>(a, b)) = __dmul_rn(v(at<ROWS>(a, b)), inv);
-    }
-}
-
-// Reverse of one step: g <- (g - <g, v>_axis) / den, then v <- v * den (the step's input).
-template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&g)[NN], const double* tape, int T) {
-#pragma unroll
-    for (int a = 0; a < N; ++a) {
-        const double d = tape[a * T];
-        const double inv = rcp(d);
-        double dot = 0.0;
-#pragma unroll
-        for (int b = 0; b < N; ++b) dot = fma(g[at<ROWS>(a, b)], v(at<ROWS>(a, b)), dot);
-#pragma unroll
-        for (int b = 0; b < N; ++b) {
-            const int e = at<ROWS>(a, b);
-            g[e] = (g[e] - dot) * inv;
-            v(e) = v(e) * d;
-        }
-    }
-}
-
-#if SINKHORN_SCALED
-// 1 / d for a normal positive d: MUFU.RCP64H refined by BWD_VARIANT Newton steps.
-__device__ __forceinline__ double rcp_n(double d) {
+#if SINKHORN_N <= 6
+// 1 / d for a normal positive d: MUFU.RCP64H refined by one Newton step.
+__device__ __forceinline__ double rcp(double d) {
     double r;
     asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
-    r = fma(r, fma(-d, r, 1.0), r);
-#if DSV4_SINKHORN_BWD_VARIANT >= 2
-    r = fma(r, fma(-d, r, 1.0), r);
-#endif
-    return r;
+    return fma(r, fma(-d, r, 1.0), r);
 }
 
 // Forward step on the factors: rows (ROWS) al_i = sum_j K_ij b_j + eps al_i, a_i = 1/al_i;
@@ -139,7 +62,7 @@ __device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&
 #pragma unroll
         for (int k = 0; k < N; ++k) s = fma(K[at<ROWS>(e, k)], other[k], s);
         inv_f[e] = s;
-        f[e] = rcp_n(s);
+        f[e] = rcp(s);
         tape[e * T] = f[e];
     }
 }
@@ -172,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     double* tape = smem + t;
     const i64 step = (i64)N * T;  // one step's slice of the tape
     const double eps = (double)p.eps;
-    // K = softmax(x) + eps, in f64 (as the v2 kernel).
+    // K = softmax(x) + eps, in f64.
     double K[NN];
     {
         float x[NN];
@@ -243,20 +166,67 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     }
     store_matrix(p.out, m, dx);
 }
-#else  // !SINKHORN_SCALED: the v2 kernel
+#else  // n >= 7
+
+// v in shared memory, this thread's column of a [NN][blockDim.x] array.
+struct VMat {
+    double* p;
+    int stride;
+    __device__ __forceinline__ double& operator()(int e) { return p[e * stride]; }
+};
+
+// 1 / d for a normal positive d: the hardware approximation (MUFU.RCP64H, ~20 bits or
+// better) refined by two Newton steps (error squared each time: below an f64 ulp or so),
+// no slow path. The forward recompute and the backward invert the same d the same way.
+__device__ __forceinline__ double rcp(double d) {
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(d));
+    r = fma(r, fma(-d, r, 1.0), r);
+    return fma(r, fma(-d, r, 1.0), r);
+}
+
+// Forward step: v /= (sums along the axis + eps); records the denominators in tape[a*T].
+template <bool ROWS> __device__ __forceinline__ void fwd_step(VMat& v, double eps, double* tape, int T) {
+#pragma unroll
+    for (int a = 0; a < N; ++a) {
+        double d = eps;
+#pragma unroll
+        for (int b = 0; b < N; ++b) d = __dadd_rn(d, v(at<ROWS>(a, b)));
+        tape[a * T] = d;
+        const double inv = rcp(d);
+#pragma unroll
+        for (int b = 0; b < N; ++b) v(at<ROWS>(a, b)) = __dmul_rn(v(at<ROWS>(a, b)), inv);
+    }
+}
+
+// Reverse of one step: g <- (g - <g, v>_axis) / den, then v <- v * den (the step's input).
+template <bool ROWS> __device__ __forceinline__ void bwd_step(VMat& v, double (&g)[NN], const double* tape, int T) {
+#pragma unroll
+    for (int a = 0; a < N; ++a) {
+        const double d = tape[a * T];
+        const double inv = rcp(d);
+        double dot = 0.0;
+#pragma unroll
+        for (int b = 0; b < N; ++b) dot = fma(g[at<ROWS>(a, b)], v(at<ROWS>(a, b)), dot);
+#pragma unroll
+        for (int b = 0; b < N; ++b) {
+            const int e = at<ROWS>(a, b);
+            g[e] = (g[e] - dot) * inv;
+            v(e) = v(e) * d;
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
-    extern __shared__ double smem[];  // tape [2*repeat-1][N][T]; then, n >= 7, v [NN][T]
+    extern __shared__ double smem[];  // tape [2*repeat-1][N][T], then v [NN][T]
     const int T = blockDim.x, t = threadIdx.x;
     const i64 m = (i64)blockIdx.x * T + t;
     if (m >= p.matrices) return;  // no block-wide synchronisation below
     double* tape = smem + t;
     const double eps = (double)p.eps;
     VMat v;
-#if SINKHORN_V_SMEM
     v.p = smem + (i64)(2 * p.repeat - 1) * N * T + t;
     v.stride = T;
-#endif
     // y0 = softmax(x) + eps, in f64.
     {
         float x[NN];
@@ -312,4 +282,4 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     }
     store_matrix(p.out, m, dx);
 }
-#endif  // SINKHORN_SCALED
+#endif
