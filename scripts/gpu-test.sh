@@ -64,6 +64,7 @@ elif [ -x "$sanitizer" ]; then
   # The Hopper kernels' named barriers (two consumer warpgroups, 256 threads) and
   # mbarrier handshakes: synccheck on their tests.
   run "synccheck gpu_sparse_attention (hopper)" timeout 240 "$sanitizer" --tool synccheck --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_sparse_attention" --include-ignored --test-threads=1 small_hopper_
+  run "synccheck gpu_indexer (hopper backward)" timeout 240 "$sanitizer" --tool synccheck --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_indexer" --include-ignored --test-threads=1 small_hopper_backward
 else
   echo "compute-sanitizer not found at $sanitizer"
   failed+=("compute-sanitizer missing")
