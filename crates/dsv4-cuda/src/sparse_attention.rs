@@ -496,16 +496,8 @@ pub fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Res
 /// Dynamic shared memory of `fwd_sm90.cu` (`kSa90SmemBytes`: Q, two 64-key K/V blocks, two
 /// P tiles, the blocks' slot keys, the published maxima, row sums, the producer's 1024 slot
 /// keys, barriers, 1024 bytes of alignment slack).
-pub const SA90_FWD_SMEM_BYTES: usize = 64 * 1024 + 2 * 64 * 1024 + 2 * 8 * 1024 + 3 * 512 + 4096 + 12 * 8 + 1024;
-const _: () = assert!(SA90_FWD_SMEM_BYTES == 219_744, "fwd_sm90.cu asserts the same number");
-
-/// The Hopper forward runs one CTA an SM looping over all items (the default, 6 % faster
-/// on the H200, docs/perf.md v7); `DSV4_SA90_PERSISTENT=0` (read once) launches one CTA
-/// an item instead (a tuning knob).
-fn sa90_persistent() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DSV4_SA90_PERSISTENT").map_or(true, |v| v != "0"))
-}
+pub const SA90_FWD_SMEM_BYTES: usize = 64 * 1024 + 2 * 64 * 1024 + 2 * 8 * 1024 + 3 * 512 + 4096 + 11 * 8 + 1024;
+const _: () = assert!(SA90_FWD_SMEM_BYTES == 219_736, "fwd_sm90.cu asserts the same number");
 
 /// Whether the forward runs the Hopper kernel: an sm_90a device (and not DSV4_PORTABLE=1),
 /// kernel head dim 512, the default exp2 arithmetic, no dedup (the dense oracle).
@@ -524,9 +516,6 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
     // The Hopper kernel (fwd_sm90.cu): D = 512, 64 heads a CTA, exp2 arithmetic, no dedup.
     let hopper = use_hopper_fwd(gpu, dp, a.reference_rounding, dedup);
-    if hopper && dm.b * dm.s * dm.h.div_ceil(64) > i32::MAX as usize {
-        return Err(unavailable(OP_FWD, format!("B * S * head blocks = {} work items exceed int32", dm.b * dm.s * dm.h.div_ceil(64))));
-    }
     let (smem, k, block, grid_y) = if hopper {
         (SA90_FWD_SMEM_BYTES, gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[])?, 384u32, dm.h.div_ceil(64))
     } else {
@@ -560,15 +549,7 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         smem_bytes: smem as i32,
         sm_scale: a.sm_scale,
     };
-    // One CTA an SM looping over the items (row x head block), or with
-    // DSV4_SA90_PERSISTENT=0 one CTA an item
-    // looping over the items (fwd_sm90.cu; the kernel takes any grid).
-    let grid = if hopper && sa90_persistent() {
-        let items = dm.b * dm.s * grid_y;
-        [items.min(gpu.props().sm_count as usize) as u32, 1, 1]
-    } else {
-        [(dm.b * dm.s) as u32, grid_y as u32, 1]
-    };
+    let grid = [(dm.b * dm.s) as u32, grid_y as u32, 1];
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never

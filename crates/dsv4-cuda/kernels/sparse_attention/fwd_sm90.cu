@@ -1,16 +1,11 @@
 // Sparse MQA attention with sinks, forward (SPEC.md section 1), Hopper path (sm_90a):
 // wgmma products fed by a producer warpgroup, for D = 512 and a block of 64 heads.
-// dsv4-archs: sm_90a
 // Staggered schedule: the running max is a chain between the two consumers, so one
 // consumer's softmax overlaps the other's products (docs/perf.md v6).
 //
-// A work item = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows
-// that are never stored). The launcher's grid is one CTA an SM, each looping over items
-// (DSV4_SA90_PERSISTENT=0 in the environment: one CTA an item), and the producer
-// loads the next item's Q as soon as the last S of the current one is done (barrier
-// q_free) and its first blocks as the last products free the buffers, while the
-// consumers finish the item. Barrier phases run on across a CTA's items. Three warpgroups:
-//   WG 0, producer: loads Q once an item, then gathers the row's slots in blocks of 64 keys with
+// One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows that
+// are never stored). Three warpgroups:
+//   WG 0, producer: loads Q once, then gathers the row's slots in blocks of 64 keys with
 //        cp.async into two 64 KiB buffers (block 2i + c into buffer c; the rows of a block
 //        are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
 //        and R (256-511), each with a "ready" mbarrier (the producer's 128 threads) and a
@@ -38,8 +33,10 @@
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q [64 x 512] 64 KiB, K/V 2 x [64 x 512]
 // 128 KiB, P 2 x [64 x 64] 16 KiB, slot keys of the two blocks (for the masks) and of the
-// producer's current 1024-slot chunk, the published maxima, row sums, barriers. The output
-// goes to global memory straight from the accumulators (the Q area may hold the next Q).
+// producer's current 1024-slot chunk, the published maxima, row sums, barriers. The Q area
+// stages the bf16 output tile at the end (16-byte stores).
+//
+// dsv4-archs: sm_90a
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -74,14 +71,14 @@ constexpr int kKeysOff = kPOff + 2 * kPBytes;      // int [2][64]
 constexpr int kMaxOff = kKeysOff + 2 * kBN * 4;    // float [2][64] published maxima (m0, m1)
 constexpr int kSumOff = kMaxOff + 2 * kHB * 4;     // float [2][64] final row sums
 constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's keys of a chunk of slots
-constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2], q_free
-constexpr int kBytes = kBarOff + 12 * 8;
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2]
+constexpr int kBytes = kBarOff + 11 * 8;
 
-// Named barriers (0 is __syncthreads): the chain's four hand-offs, the end of a row's sum
-// reads (6, 7), the producer's own (8), the final sums' hand-offs (9, 10). Consumer c
-// arrives on X + c and waits on X + 1 - c: every hand-off between the consumers is an
-// arrive / sync pair, as their code differs.
-constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarSumsRead = 6, kBarSums = 9;
+// Named barriers (0 is __syncthreads): the chain's four hand-offs, one per consumer for the
+// output staging (6, 7), the producer's own (8), the final sums' hand-offs (9, 10: consumer
+// c arrives on 9 + c and waits on the other; every hand-off between the consumers is an
+// arrive / sync pair, as their code differs).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarStage = 6, kBarSums = 9;
 }  // namespace
 
 static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh loads them");
@@ -89,7 +86,7 @@ static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90SmemBytes == 219744, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
+static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
 
 // What a consumer needs from the kernel's preamble.
 struct ConsumerCtx {
@@ -101,36 +98,15 @@ struct ConsumerCtx {
     u64* ready_bar;
     u64* free_bar;
     u64* keys_bar;
-    u64* q_free_bar;
-    int wtid;
+    i64 row;
+    int h0, n_iters, wtid;
 };
-
-// One work item of a CTA: a query row and a block of 64 heads. Items are numbered row-major
-// over (row, head block); a CTA takes items first, first + stride, ... (one item a CTA in the
-// grid of (rows, head blocks) of DSV4_SA90_PERSISTENT=0; by default one CTA an SM, many items).
-struct Item {
-    i64 row;   // b * S + s
-    int b, s, h0;
-    int n_slots, n_iters;
-};
-__device__ __forceinline__ Item item_at(const SparseAttnFwdParams& p, int item, int n_hblk) {
-    Item it;
-    it.row = item / n_hblk;
-    it.h0 = (item % n_hblk) * kHB;
-    it.b = static_cast<int>(it.row / p.S);
-    it.s = static_cast<int>(it.row % p.S);
-    it.n_slots = sa::row_slots(p.row_len, it.row, p.T);
-    it.n_iters = (it.n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
-    return it;
-}
 
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
 // every buffer / half / descriptor choice folds away): its block of each pair is buffer CW,
 // its columns of O [256 CW, 256 CW + 256).
-// `gbase`: the CTA's iterations before this item (the ring barriers' phases run on across
-// items); `qpar`: this item's phase of the Q barrier.
 template <int CW>
-__device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const ConsumerCtx& x, const Item& item, int gbase, u32 qpar) {
+__device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const ConsumerCtx& x) {
     constexpr int cw = CW;
     const u32 q_base = x.q_base, kv_base = x.kv_base, p_base = x.p_base;
     int* const keys_s = x.keys_s;
@@ -139,8 +115,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     u64* const q_bar = x.q_bar;
     u64* const ready_bar = x.ready_bar;
     u64* const free_bar = x.free_bar;
-    const i64 row = item.row;
-    const int h0 = item.h0, n_iters = item.n_iters, wtid = x.wtid;
+    const i64 row = x.row;
+    const int h0 = x.h0, n_iters = x.n_iters, wtid = x.wtid;
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
@@ -156,8 +132,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-    mbar_wait(q_bar, qpar);
-    if (n_iters == 0) mbar_arrive(x.q_free_bar);  // no S reads Q
+    mbar_wait(q_bar, 0);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
     const u64 kd = sw128_desc(my_kv, 16, 1024);
@@ -174,7 +149,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     float sc[32];
     auto issue_s_half = [&](int it, int hh) {
         const int half = hh ^ cw;
-        mbar_wait(ready_bar + cw * 2 + half, (gbase + it) & 1);
+        mbar_wait(ready_bar + cw * 2 + half, it & 1);
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
@@ -191,11 +166,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     }
 
     for (int it = 0; it < n_iters; ++it) {
-        const u32 par = (gbase + it) & 1;
+        const u32 par = it & 1;
         wgmma_wait<0>();
         fence_regs(sc);
         fence_regs(o);
-        if (it + 1 == n_iters) mbar_arrive(x.q_free_bar);  // the item's last S is done: Q is free
         // This block's S done: the other half of this buffer (used by the other consumer's
         // P V only) is this consumer's to free now.
         mbar_arrive(free_bar + cw * 2 + (1 - cw));
@@ -203,7 +177,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
 
         // Scale, mask (one key a lane, two ballots), this block's row maxima.
-        mbar_wait(x.keys_bar + cw, par);
+        mbar_wait(x.keys_bar + cw, it & 1);
         const u32 valid_lo = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + lane] >= 0);
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
         float pm0 = neg_inf(), pm1 = neg_inf();
@@ -360,22 +334,27 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         sum_s[cw * kHB + r1] = l1;
     }
     named_arrive(kBarSums + cw, 256);
-    named_sync(kBarSums + 1 - cw, 256);
+    named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
-    // Both consumers are past their reads of sum_s before either writes it for its next item.
-    named_arrive(kBarSumsRead + cw, 256);
-    named_sync(kBarSumsRead + 1 - cw, 256);
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
 
-    // out = O / l straight from the accumulators (the Q area may already hold the next
-    // item's Q): each quad writes 16 contiguous bytes of a row per column group of 8.
-    bf16* out0 = p.out + (row * p.H + h0 + r0) * kD + cw * 256 + 2 * c4;
-    bf16* out1 = out0 + 8 * kD;
-    const bool st0 = h0 + r0 < p.H, st1 = h0 + r1 < p.H;
+    // out = O / l staged as bf16 in the Q area (SW128), then 16-byte coalesced stores.
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
-        if (st0) *reinterpret_cast<u32*>(out0 + 8 * jj) = pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
-        if (st1) *reinterpret_cast<u32*>(out1 + 8 * jj) = pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
+        const u32 grp = q_base + (cw * 4 + jj / 8) * kGroupBytes;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0)) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1)) : "memory");
+    }
+    named_sync(kBarStage + cw, 128);
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int id = wtid + i * 128;
+        const int r = id / 32, cc = id % 32;
+        if (h0 + r < p.H) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(q_base + (cw * 4 + cc / 8) * kGroupBytes + sw128(r, cc % 8)) : "memory");
+            *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
+        }
     }
     if (cw == 0 && c4 == 0) {
         if (h0 + r0 < p.H) p.lse[row * p.H + h0 + r0] = (m0 + log2f(lt0)) * kLn2;
@@ -394,18 +373,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     float* max_s = reinterpret_cast<float*>(smem + kMaxOff);
     float* sum_s = reinterpret_cast<float*>(smem + kSumOff);
     u64* q_bar = reinterpret_cast<u64*>(smem + kBarOff);
-    u64* ready_bar = q_bar + 1;   // [buffer][half]: the producer's 128 threads
-    u64* free_bar = q_bar + 5;    // [buffer][half]: both consumers' 256 threads
-    u64* keys_bar = q_bar + 9;    // [buffer]: the producer's key writers
-    u64* q_free_bar = q_bar + 11; // both consumers' 256 threads, once an item: its S products are done
+    u64* ready_bar = q_bar + 1;  // [buffer][half]: the producer's 128 threads
+    u64* free_bar = q_bar + 5;   // [buffer][half]: both consumers' 256 threads
+    u64* keys_bar = q_bar + 9;   // [buffer]: the producer's key writers
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
-    const int n_hblk = (p.H + kHB - 1) / kHB;
-    // Item numbers fit in int32 (the launcher checks B * S * head blocks).
-    const int n_items = p.B * p.S * n_hblk;
-    const int first = static_cast<int>(blockIdx.x * gridDim.y + blockIdx.y);
-    const int stride = static_cast<int>(gridDim.x * gridDim.y);
+    const i64 row = blockIdx.x;  // b * S + s
+    const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
+    const int h0 = blockIdx.y * kHB;
+    const int n_slots = sa::row_slots(p.row_len, row, p.T);
+    const int n_iters = (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
@@ -414,62 +392,54 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             mbar_init(free_bar + i, 256);
         }
         for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
-        mbar_init(q_free_bar, 256);
     }
     __syncthreads();
 
     if (wg == 0) {
         // ---------------- producer ----------------
         regs_dec<40>();
+        sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+        sa90::producer_handoff(q_bar);
         // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
         // t / 8 + 16 i (i < 4) in the 4 groups of a half.
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
+        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
+        const i64 bias = b * p.idx_bias;
+        const bf16* kv_b = p.kv + b * p.kv_sb;
         const int j = wtid % 8, r_base = wtid / 8;
-        int gi = 0;  // the CTA's iterations so far: the ring barriers' phases
-        int n_done = 0;
-        for (int w = first; w < n_items; w += stride, ++n_done) {
-            const Item item = item_at(p, w, n_hblk);
-            // Q of this item once the last one's S products are done with the Q area.
-            if (n_done > 0) mbar_wait(q_free_bar, (n_done - 1) & 1);
-            sa90::load_head_tile<4>(q_base, p.q + item.b * p.q_sb + item.s * p.q_ss, p.q_sh, p.q, item.h0, p.H, wtid);
-            sa90::producer_handoff(q_bar);
-            const i64 idx_row = item.b * p.idx_sb + item.s * p.idx_ss;
-            const i64 bias = item.b * p.idx_bias;
-            const bf16* kv_b = p.kv + item.b * p.kv_sb;
-            for (int it = 0; it < item.n_iters; ++it, ++gi) {
-                const int slot0 = it * 2 * kBN;
-                if (slot0 % kChunk == 0) {
-                    if (slot0 > 0 || n_done > 0) named_sync(8, 128);  // every producer thread is done with the last chunk
-                    int k[kChunk / 128];
+        for (int it = 0; it < n_iters; ++it) {
+            const int slot0 = it * 2 * kBN;
+            if (slot0 % kChunk == 0) {
+                if (slot0 > 0) named_sync(8, 128);  // every producer thread is done with the last chunk
+                int k[kChunk / 128];
 #pragma unroll
-                    for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, item.n_slots, p.K, slot0 + wtid + 128 * i, false);
+                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
 #pragma unroll
-                    for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-                    named_sync(8, 128);
-                }
-                // (buffer, half) in the order the consumers free them.
+                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+                named_sync(8, 128);
+            }
+            // (buffer, half) in the order the consumers free them.
 #pragma unroll 1
-                for (int step = 0; step < 4; ++step) {
-                    const int buf = (step == 1 || step == 3) ? 1 : 0;
-                    const int half = (step == 1 || step == 2) ? 1 : 0;
-                    if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
-                    const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
-                    if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
+            for (int step = 0; step < 4; ++step) {
+                const int buf = (step == 1 || step == 3) ? 1 : 0;
+                const int half = (step == 1 || step == 2) ? 1 : 0;
+                if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
+                const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
+                if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
-                        mbar_arrive(keys_bar + buf);
-                    }
-                    const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int r = r_base + 16 * i;
-                        const int key = keys[r];
-                        const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
-#pragma unroll
-                        for (int gg = 0; gg < 4; ++gg) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
-                    }
-                    sa90::producer_handoff(ready_bar + buf * 2 + half);
+                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
+                    mbar_arrive(keys_bar + buf);
                 }
+                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = r_base + 16 * i;
+                    const int key = keys[r];
+                    const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
+#pragma unroll
+                    for (int gg = 0; gg < 4; ++gg) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                }
+                sa90::producer_handoff(ready_bar + buf * 2 + half);
             }
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -478,15 +448,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     // ---------------- consumers ----------------
     regs_inc<232>();
-    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, q_free_bar, wtid};
-    int gi = 0, n_done = 0;
-    for (int w = first; w < n_items; w += stride, ++n_done) {
-        const Item item = item_at(p, w, n_hblk);
-        if (wg == 1) {
-            consume<0>(p, ctx, item, gi, n_done & 1);
-        } else {
-            consume<1>(p, ctx, item, gi, n_done & 1);
-        }
-        gi += item.n_iters;
+    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid};
+    if (wg == 1) {
+        consume<0>(p, ctx);
+    } else {
+        consume<1>(p, ctx);
     }
 }
