@@ -194,11 +194,17 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     let ms = bn.time(|| indexer::indexer_scores_into(CUDA, &a, &mut scores.view_mut()))?;
     bn.flops("indexer scores", &shape, ms, flops, "materialised [B,S,P]");
     let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
-    bn.flops("indexer scores+top-k fused", &shape, ms, flops, "");
-    // The same selection through the bounded-scratch path (dense scores of a block of
-    // queries, then topk.cu): one scratch for all rows, and an L2-sized one (32 MiB).
+    bn.flops("indexer scores+top-k", &shape, ms, flops, "the default path (lightning_indexer)");
     let mut sel_idx = bn.gpu.alloc(DType::I32, &[b, s, k])?;
     let mut sel_val = bn.gpu.alloc(DType::F32, &[b, s, k])?;
+    // The fused Hopper kernel (scores and selection in one launch; not the default on
+    // Hopper since the chunked path below measured faster).
+    if dsv4_cuda::indexer::hopper_scores_supported(bn.gpu, h, d) {
+        let ms = bn.time(|| dsv4_cuda::indexer::fused_topk_with(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), dsv4_cuda::indexer::ScoresPath::Hopper))?;
+        bn.flops("indexer scores+top-k fused sm90", &shape, ms, flops, "one launch, rows of scores in L2");
+    }
+    // The bounded-scratch path (dense scores of a block of queries, then topk.cu): one
+    // scratch for all rows (the Hopper default), and an L2-sized one (32 MiB).
     for (scratch, label) in [(dsv4_cuda::indexer::FUSED_SCRATCH_BYTES, "indexer scores+top-k chunked 256M"), (32 << 20, "indexer scores+top-k chunked 32M")] {
         let ms = bn.time(|| dsv4_cuda::indexer::chunked_topk(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), scratch))?;
         bn.flops(label, &shape, ms, flops, "scores then topk.cu, block after block");
@@ -215,7 +221,7 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     Ok(())
 }
 
-/// S=65536, P=16384, top-512: peak device memory of the fused indexer beyond its inputs
+/// S=65536, P=16384, top-512: peak device memory of the indexer's default path beyond its inputs
 /// and outputs, read from the stream-ordered pool's high-water mark.
 fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
     let (b, s, h, d, r, k) = (1, 65536, 64, 128, 4, 512);
@@ -233,7 +239,7 @@ fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
     let outputs = (idx.numel() * 4 + vals.numel() * 4) as f64;
     let beyond = high as f64 - before as f64 - outputs;
     bn.entries.push(Entry {
-        op: "indexer fused memory".into(),
+        op: "indexer memory".into(),
         shape: format!("B={b} S={s} H={h} D={d} P={p} k={k}"),
         ms,
         rate: None,

@@ -16,7 +16,9 @@
 //!   dense scores and the fused top-k run `scores_sm90.cu` instead (wgmma, a producer warp
 //!   streaming key tiles through an mbarrier ring; fused: a persistent grid whose CTAs
 //!   keep their rows of scores in a scratch slot in L2 and select with the same
-//!   `select.cuh`). [`ScoresPath`] forces either kernel (tests, benchmarks).
+//!   `select.cuh`). [`ScoresPath`] forces either kernel (tests, benchmarks). The default
+//!   selection on Hopper is the chunked path over those dense scores, measured faster than
+//!   the fused Hopper kernel (see `fused_topk_with`).
 //! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection;
 //!   the indices are fetched two tiles ahead of the row copies).
 //! - `topk_scores_backward`: `bwd_mma.cu` on tensor cores for H <= 64, D <= 128 (per query
@@ -803,10 +805,11 @@ fn selection_shape(op: &'static str, a: &IndexerArgs, k: usize, idx: &TensorView
     Ok((sh.b as usize * sh.s as usize * kk != 0).then_some((sh, kk)))
 }
 
-/// Scores + top-k without materialising `[B,S,P]`. Fused when a CTA's rows of scores and
-/// its sort buffer fit in [`FUSED_SMEM_BYTES`] of shared memory: one launch, the scores
-/// never leave the chip. Otherwise [`chunked_topk`] with a scratch of at most
-/// [`FUSED_SCRATCH_BYTES`].
+/// Scores + top-k without materialising `[B,S,P]`. On Hopper [`chunked_topk`] with a
+/// scratch of at most [`FUSED_SCRATCH_BYTES`] (measured faster than the fused Hopper
+/// kernel, see [`fused_topk_with`]). Elsewhere fused when a CTA's rows of scores and its
+/// sort buffer fit in [`FUSED_SMEM_BYTES`] of shared memory (one launch, the scores never
+/// leave the chip), else [`chunked_topk`] as on Hopper.
 pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut) -> Result<()> {
     fused_topk_with(gpu, a, k, idx, vals, ScoresPath::Auto)
 }
@@ -815,13 +818,24 @@ pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut,
 /// in a per-CTA scratch (4 x P f32 for each of at most two CTAs per SM), so every P is
 /// fused; the portable kernel keeps them in shared memory and takes [`chunked_topk`]
 /// beyond [`FUSED_SMEM_BYTES`].
+///
+/// `ScoresPath::Auto` on Hopper takes [`chunked_topk`] with [`FUSED_SCRATCH_BYTES`]
+/// instead of the fused Hopper kernel: the dense wgmma scores then `topk.cu` measured
+/// 1.974 ms against the fused kernel's 2.567 ms at S = 16384, P = 4096 (0.238 against
+/// 0.261 at S = 4096; H200, docs/perf.md v7), at the price of a scratch of at most
+/// 256 MiB. `DSV4_INDEXER_FUSED_SM90=1` (read once) keeps the fused kernel on `Auto`;
+/// `ScoresPath::Hopper` always runs it.
 pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, path: ScoresPath) -> Result<()> {
     const OP: &str = "lightning_indexer";
     let Some((sh, kk)) = selection_shape(OP, a, k, idx, vals)? else { return Ok(()) };
     let (s, p) = (sh.s as usize, sh.p as usize);
-    let mut inp = scores_inputs(gpu, OP, a, false)?;
     let sort_cap = kk.next_power_of_two();
-    if use_sm90(gpu, OP, path, sh.h as usize, sh.d as usize, Some(sort_cap))? {
+    let sm90 = use_sm90(gpu, OP, path, sh.h as usize, sh.d as usize, Some(sort_cap))?;
+    if sm90 && path == ScoresPath::Auto && !fused_sm90_on_auto() {
+        return chunked_topk_with(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES, path);
+    }
+    let mut inp = scores_inputs(gpu, OP, a, false)?;
+    if sm90 {
         let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
         return launch_scores_sm90(gpu, OP, a, &sh, &inp, &dst, 0, s, Some(sort_cap));
     }
@@ -835,6 +849,12 @@ pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorVie
     inp.tiles = fused;
     let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
     launch_scores(gpu, OP, a, &sh, &inp, None, &dst, 0, s)
+}
+
+/// `DSV4_INDEXER_FUSED_SM90=1`: [`fused_topk`] runs the fused Hopper kernel (to compare).
+fn fused_sm90_on_auto() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DSV4_INDEXER_FUSED_SM90").is_ok_and(|v| v == "1"))
 }
 
 /// Scores + top-k through a bounded scratch: blocks of queries are scored into at most
