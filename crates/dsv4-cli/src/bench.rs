@@ -218,6 +218,14 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
         indexer::indexer_topk_scores_backward(CUDA, &bw).map(|_| ())
     })?;
     bn.flops("indexer top-k scores fwd+bwd", &shape, ms, 3.0 * sel_flops, "");
+    // Each half alone (the backward recomputes its products from q and kv).
+    let ms = bn.time(|| indexer::indexer_topk_scores(CUDA, &a, &sel.view()).map(|_| ()))?;
+    bn.flops("indexer top-k scores fwd", &shape, ms, sel_flops, "");
+    let ms = bn.time(|| {
+        let bw = IndexerTopkScoresBwdArgs { fwd: a.clone(), topk_indices: sel.view(), grad: g.view(), deterministic: false };
+        indexer::indexer_topk_scores_backward(CUDA, &bw).map(|_| ())
+    })?;
+    bn.flops("indexer top-k scores bwd", &shape, ms, 2.0 * sel_flops, "atomic dkv");
     Ok(())
 }
 
