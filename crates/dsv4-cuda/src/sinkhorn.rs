@@ -120,9 +120,21 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
     // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte
     // aligned, vector_ok); `out` is contiguous f32 of x's shape (M*n*n elements, checked
-    // above); one thread per matrix, threads past M return; the kernel is sinkhorn_fwd,
+    // above); one thread per matrix (or a grid-stride loop over matrices), threads past M return; the kernel is sinkhorn_fwd,
     // which takes SinkhornParams.
-    unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
+    unsafe { k.launch([fwd_blocks(gpu, m), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
+}
+
+/// Forward blocks: one thread a matrix, or with the untimed variant
+/// `DSV4_SINKHORN_FWD_PREFETCH=1` (fwd.cu) at most 8 blocks an SM, each thread looping over
+/// matrices with the next one's loads in flight.
+fn fwd_blocks(gpu: &Gpu, matrices: usize) -> u32 {
+    let all = blocks(matrices, FWD_THREADS);
+    if crate::runtime::extra_define("DSV4_SINKHORN_FWD_PREFETCH") == Some("1") {
+        all.min(8 * gpu.props().sm_count.max(1))
+    } else {
+        all
+    }
 }
 
 /// Shared-memory bytes the backward needs per thread (one matrix).

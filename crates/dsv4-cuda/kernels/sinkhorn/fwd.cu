@@ -11,7 +11,13 @@
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 DSV4_SINKHORN_FWD_PREFETCH=1
+// dsv4-test-defines: SINKHORN_N=5 DSV4_SINKHORN_FWD_PREFETCH=1
 #include "sinkhorn/sinkhorn.cuh"
+
+#ifndef DSV4_SINKHORN_FWD_PREFETCH
+#define DSV4_SINKHORN_FWD_PREFETCH 0
+#endif
 
 using namespace sinkhorn;
 
@@ -49,11 +55,8 @@ __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
-    const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= p.matrices) return;
-    float K[NN];
-    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
+// One matrix in registers, x in, y out: the softmax, the steps, the final scaling.
+__device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornParams& p) {
     // K = softmax over each row + eps.
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -70,6 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornPar
 #pragma unroll
         for (int j = 0; j < N; ++j) K[i * N + j] = __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
     }
+
     float a[N], b[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f;
@@ -82,5 +86,39 @@ extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornPar
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int j = 0; j < N; ++j) K[i * N + j] = __fmul_rn(__fmul_rn(K[i * N + j], a[i]), b[j]);
+}
+
+#if DSV4_SINKHORN_FWD_PREFETCH
+// Variant (untimed, docs/perf.md): a grid of a few blocks an SM, each thread looping over
+// matrices m, m + stride, ... with the next matrix's loads issued before this one's
+// steps, so the reads of x overlap the arithmetic (one matrix a thread loads, computes
+// and stores in phase with every other thread of its wave).
+extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= p.matrices) return;
+    float K[NN];
+    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
+    for (;;) {
+        const i64 next = m + stride;
+        const bool more = next < p.matrices;
+        float Kn[NN];
+        if (more) load_matrix<SINKHORN_VEC>(p.x, p.x_layout, next, Kn);
+        sinkhorn_matrix(K, p);
+        store_matrix(p.out, m, K);
+        if (!more) break;
+        m = next;
+#pragma unroll
+        for (int e = 0; e < NN; ++e) K[e] = Kn[e];
+    }
+}
+#else
+extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
+    const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= p.matrices) return;
+    float K[NN];
+    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
+    sinkhorn_matrix(K, p);
     store_matrix(p.out, m, K);
 }
+#endif
