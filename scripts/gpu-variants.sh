@@ -29,6 +29,12 @@ shift || true
 
 name_of() { echo "$1" | tr '/:' '__'; }
 
+# On the GPU machine everything printed also goes to one file under $OUT (the device tool
+# returns only the last 12,000 characters of the output, and at most 8 files).
+if [ "$cmd" != build ] && [ -n "${OUT:-}" ]; then
+  exec > >(tee -a "$OUT/variants.log") 2>&1
+fi
+
 case "$cmd" in
 build)
   [ $# -gt 0 ] || { echo "usage: $0 build <git ref>..."; exit 2; }
