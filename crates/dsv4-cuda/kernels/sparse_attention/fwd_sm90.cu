@@ -52,6 +52,15 @@ using dsv4::sa::kLog2e;
 using dsv4::sa::neg_inf;
 using dsv4::sa::slot_key;
 
+// Diagnostics for the bench only (results are wrong; default 0): DSV4_SA90_DIAG=1 the
+// producer issues no K/V copies (its arrivals still complete every hand-off): the time of
+// the consumers alone. =2 the consumers issue no wgmma (the softmax runs on stale
+// registers): the time of the producer's gather alone. Against the default they say
+// whether the pipeline overlaps the two (time = max) or serialises them (time = sum).
+#ifndef DSV4_SA90_DIAG
+#define DSV4_SA90_DIAG 0
+#endif
+
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M)
@@ -156,7 +165,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), hh > 0 || k > 0);
+            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), hh > 0 || k > 0);
         }
         wgmma_commit();
     };
@@ -254,7 +263,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         // O[:, my half] += P_c V_c (A from registers).
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
+        for (int kk = 0; kk < 4; ++kk)
+            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
         wgmma_commit();
 
         if constexpr (cw == 0) {
@@ -294,7 +304,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
+        for (int kk = 0; kk < 4; ++kk)
+            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
         wgmma_commit();
         // The next S, as two halves around the frees that let the producer refill the other
         // consumer's buffer (each consumer's next S needs both halves of its buffer, and the
@@ -437,7 +448,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     const int key = keys[r];
                     const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
 #pragma unroll
-                    for (int gg = 0; gg < 4; ++gg) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                    for (int gg = 0; gg < 4; ++gg)
+                        if constexpr (DSV4_SA90_DIAG != 1) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
                 }
                 sa90::producer_handoff(ready_bar + buf * 2 + half);
             }
