@@ -232,8 +232,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         for (int ks = 0; ks < 32; ++ks) {
             const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
             const u64 kd = desc_advance(kd0, (ks / 4) * kGroupBytes + (ks % 4) * 32);
-            wgmma_m64n32k16_ss<0>(sc, desc_advance(qd0, qo), kd, ks > 0);
-            wgmma_m64n32k16_ss<0>(dp, desc_advance(dod0, qo), kd, ks > 0);
+            if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                wgmma_m64n32k16_ss<0>(sc, desc_advance(qd0, qo), kd, ks > 0);
+                wgmma_m64n32k16_ss<0>(dp, desc_advance(dod0, qo), kd, ks > 0);
+            }
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -295,9 +297,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const u64 other_kd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
         const u64 other_dsd = sw128_desc(ds_base + (1 - cw) * 64, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
+        for (int kk = 0; kk < 2; ++kk)
+            if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
+        for (int kk = 0; kk < 2; ++kk)
+            if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
         wgmma_commit();
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
@@ -314,8 +318,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks) {
-                wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                    wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                    wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                }
             }
             wgmma_commit();
             if (ch == 0) {
@@ -333,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const float x0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 1), x1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 1);
                 const float4 v = odd ? make_float4(x0, x1, acc[4 * n + 2], acc[4 * n + 3]) : make_float4(acc[4 * n + 0], acc[4 * n + 1], x0, x1);
                 float* ptr = dst_row + col0 + n * 8 + (c4 & 2) * 2;
-                if (fkey >= 0) {
+                if (fkey >= 0 && DSV4_SA90_BWD_DIAG != 3) {
                     if (p.deterministic)
                         *reinterpret_cast<float4*>(ptr) = v;
                     else

@@ -9,6 +9,13 @@
 #include "hopper.cuh"
 #include "sparse_attention/tile.cuh"
 
+// Backward diagnostics for the bench only (results are wrong; default 0, bwd_sm90.cu):
+// DSV4_SA90_BWD_DIAG=1 gather_blocks issues no K/V copies; =2 the consumers issue no
+// wgmma; =3 no dkv reductions. Each against the default says what that part costs.
+#ifndef DSV4_SA90_BWD_DIAG
+#define DSV4_SA90_BWD_DIAG 0
+#endif
+
 namespace dsv4 {
 namespace sa90 {
 
@@ -106,7 +113,8 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             const int key = keys[i];
             const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
 #pragma unroll
-            for (int gg = 0; gg < 8; ++gg) kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
+            for (int gg = 0; gg < 8; ++gg)
+                if constexpr (DSV4_SA90_BWD_DIAG != 1) kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
         }
         producer_handoff(ready_bar + buf);
     }
