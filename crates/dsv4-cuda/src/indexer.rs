@@ -707,7 +707,12 @@ fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &
 // ---------------------------------------------------------------------------------------
 // Top-k launch configuration
 
-const TOPK_THREADS: u32 = 512;
+/// Threads of a `topk.cu` CTA (one row): 512, or `TOPK_THREADS` from `DSV4_EXTRA_DEFINES`
+/// (a multiple of 32 in 64..=1024; untimed variant: smaller CTAs put more rows in flight
+/// an SM, docs/perf.md v7 plan).
+fn topk_threads() -> u32 {
+    crate::runtime::extra_define("TOPK_THREADS").and_then(|v| v.parse::<u32>().ok()).filter(|t| t % 32 == 0 && (64..=1024).contains(t)).unwrap_or(512)
+}
 
 /// Mirrors the shared-memory layout of topk.cu: SelectSmem, the u64 sort buffer, the
 /// optional u32 row cache.
@@ -748,13 +753,14 @@ fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize,
         sort_cap: to_i32(op, "sort capacity", sort_cap)?,
         cache_row: cache as i32,
     };
-    let kern = gpu.kernel("indexer/topk.cu", "indexer_topk", &[("TOPK_THREADS", TOPK_THREADS.to_string())])?;
+    let threads = topk_threads();
+    let kern = gpu.kernel("indexer/topk.cu", "indexer_topk", &[("TOPK_THREADS", threads.to_string())])?;
     let grid = [grid_dim(op, "rows", s_count)?, grid_dim(op, "batch", b)?, 1];
     // SAFETY: `scores` addresses B x s_count rows of p f32 at strides `sc` (a live device
     // view or the fused scratch), idx/vals hold B x s_count rows of k slots at strides
     // `out` with the last dim contiguous (validated outputs); shared memory is the layout
     // of topk.cu for (sort_cap, cache); the params type is the entry's.
-    unsafe { kern.launch(grid, [TOPK_THREADS, 1, 1], smem as u32, &prm) }
+    unsafe { kern.launch(grid, [threads, 1, 1], smem as u32, &prm) }
 }
 
 // ---------------------------------------------------------------------------------------

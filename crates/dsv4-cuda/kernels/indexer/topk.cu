@@ -4,6 +4,8 @@
 // order-preserving keys, bitonic sort of the keys above the threshold, ties at the
 // threshold in index order). The row's keys are cached in shared memory when they fit;
 // otherwise every pass streams the row from global memory (long rows).
+// dsv4-test-defines: TOPK_THREADS=128
+// dsv4-test-defines: TOPK_THREADS=256
 #include "indexer/params.cuh"
 #include "indexer/select.cuh"
 
