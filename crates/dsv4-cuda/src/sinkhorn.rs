@@ -122,8 +122,8 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
     // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte
     // aligned, vector_ok); `out` is contiguous f32 of x's shape (M*n*n elements, checked
-    // above); one thread per matrix (or a grid-stride loop over matrices), threads past M return; the kernel is sinkhorn_fwd,
-    // which takes SinkhornParams.
+    // above); one thread per matrix (or a grid-stride loop over matrices), threads past M
+    // return; the kernel is sinkhorn_fwd, which takes SinkhornParams.
     unsafe { k.launch([fwd_blocks(gpu, m), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
@@ -159,7 +159,7 @@ fn lanes_variant(n: usize) -> bool {
 /// KiB an SM): 64 threads (16 matrices, 19,968 B), 11 blocks, 176 matrices an SM (128
 /// threads: 5 blocks, 160). None when even 32 threads exceed the per-block limit.
 fn backward_lanes_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
-    let per_matrix = 8 * (2 * repeat - 1) * n;
+    let per_matrix = backward_bytes_per_thread(n, repeat); // n <= 4: the tape alone
     let props = gpu.props();
     let mut best: Option<(usize, usize, usize)> = None; // (resident matrices, threads, bytes)
     for threads in [128usize, 64, 32] {

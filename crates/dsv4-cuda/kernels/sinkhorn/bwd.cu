@@ -72,6 +72,29 @@ using namespace sinkhorn;
 // b = the summed index.
 template <bool ROWS> __device__ __forceinline__ int at(int a, int b) { return ROWS ? a * N + b : b * N + a; }
 
+// y0 = softmax(x) + eps in f64 (x: matrix m of p.x), into y(e) for e = i*N + j (a
+// register array or the shared-memory matrix of the n >= 7 kernel).
+template <class Y> __device__ __forceinline__ void softmax_eps_f64(const SinkhornParams& p, i64 m, double eps, Y&& y) {
+    float x[NN];
+    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        float mx = x[i * N];
+#pragma unroll
+        for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[i * N + j]);
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const double e = exp((double)x[i * N + j] - (double)mx);
+            y(i * N + j) = e;
+            s += e;
+        }
+        const double inv = 1.0 / s;
+#pragma unroll
+        for (int j = 0; j < N; ++j) y(i * N + j) = y(i * N + j) * inv + eps;
+    }
+}
+
 #if SINKHORN_N <= 6
 // 1 / d for a normal positive d: MUFU.RCP64H refined by one Newton step.
 __device__ __forceinline__ double rcp(double d) {
@@ -310,25 +333,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     const double eps = (double)p.eps;
     // K = softmax(x) + eps, in f64.
     double K[NN];
-    {
-        float x[NN];
-        load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            float mx = x[i * N];
-#pragma unroll
-            for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[i * N + j]);
-            double s = 0.0;
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                K[i * N + j] = exp((double)x[i * N + j] - (double)mx);
-                s += K[i * N + j];
-            }
-            const double inv = 1.0 / s;
-#pragma unroll
-            for (int j = 0; j < N; ++j) K[i * N + j] = K[i * N + j] * inv + eps;
-        }
-    }
+    softmax_eps_f64(p, m, eps, [&](int e) -> double& { return K[e]; });
     // Forward: step 0 (columns), then (rows, columns) repeat - 1 times; tape[k] = the
     // factor step k set (b for columns, a for rows).
     double a[N], b[N], al[N], be[N];
@@ -442,26 +447,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     v.p = smem + (i64)(2 * p.repeat - 1) * N * T + t;
     v.stride = T;
     // y0 = softmax(x) + eps, in f64.
-    {
-        float x[NN];
-        load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            float mx = x[i * N];
-#pragma unroll
-            for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[i * N + j]);
-            double s = 0.0;
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                const double e = exp((double)x[i * N + j] - (double)mx);
-                v(i * N + j) = e;
-                s += e;
-            }
-            const double inv = 1.0 / s;
-#pragma unroll
-            for (int j = 0; j < N; ++j) v(i * N + j) = v(i * N + j) * inv + eps;
-        }
-    }
+    softmax_eps_f64(p, m, eps, v);
     // Forward: step 0 (columns), then (rows, columns) repeat - 1 times.
     fwd_step<false>(v, eps, tape, T);
     for (int r = 1; r < p.repeat; ++r) {
