@@ -707,11 +707,12 @@ fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &
 // ---------------------------------------------------------------------------------------
 // Top-k launch configuration
 
-/// Threads of a `topk.cu` CTA (one row): 512, or `TOPK_THREADS` from `DSV4_EXTRA_DEFINES`
-/// (a multiple of 32 in 64..=1024; untimed variant: smaller CTAs put more rows in flight
-/// an SM, docs/perf.md v7 plan).
+/// Threads of a `topk.cu` CTA (one row): 128, or `TOPK_THREADS` from `DSV4_EXTRA_DEFINES`
+/// (a multiple of 32 in 64..=1024). Smaller CTAs put more rows in flight an SM: on the
+/// H200, 128 threads took the S=16384 scores + top-k from 1.965 ms (512) to 1.706 ms, 256
+/// threads 1.782 (docs/perf.md v8).
 fn topk_threads() -> u32 {
-    crate::runtime::extra_define("TOPK_THREADS").and_then(|v| v.parse::<u32>().ok()).filter(|t| t % 32 == 0 && (64..=1024).contains(t)).unwrap_or(512)
+    crate::runtime::extra_define("TOPK_THREADS").and_then(|v| v.parse::<u32>().ok()).filter(|t| t % 32 == 0 && (64..=1024).contains(t)).unwrap_or(128)
 }
 
 /// Mirrors the shared-memory layout of topk.cu: SelectSmem, the u64 sort buffer, the

@@ -4,13 +4,14 @@
 // order-preserving keys, bitonic sort of the keys above the threshold, ties at the
 // threshold in index order). The row's keys are cached in shared memory when they fit;
 // otherwise every pass streams the row from global memory (long rows).
-// dsv4-test-defines: TOPK_THREADS=128
+// dsv4-test-defines: TOPK_THREADS=64
 // dsv4-test-defines: TOPK_THREADS=256
+// dsv4-test-defines: TOPK_THREADS=512
 #include "indexer/params.cuh"
 #include "indexer/select.cuh"
 
 #ifndef TOPK_THREADS
-#define TOPK_THREADS 512
+#define TOPK_THREADS 128
 #endif
 
 // Shared memory (bytes), mirrored by `topk_smem_bytes` in src/indexer.rs:

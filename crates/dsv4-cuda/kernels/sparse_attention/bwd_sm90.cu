@@ -10,6 +10,7 @@
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
+// dsv4-test-defines: DSV4_SA90_BWD_RED64=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -115,6 +116,14 @@ __device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
 __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
+
+// Flush layout (variant, default 0): DSV4_SA90_BWD_RED64=1 each lane writes both key rows
+// of its quad, the quad's 4 lanes one 64-byte span of one row per instruction (a warp:
+// 8 rows x 64 B) instead of a lane pair's 32 bytes of each of two rows (16 rows x 32 B):
+// half the cache lines per reduction instruction, twice the shuffles.
+#ifndef DSV4_SA90_BWD_RED64
+#define DSV4_SA90_BWD_RED64 0
+#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -290,6 +299,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         mbar_wait(keys_bar + 1 - cw, par);  // done already as well
         const int fkey = keys_s[frow];
         any_valid |= fkey >= 0;
+#if DSV4_SA90_BWD_RED64
+        const int krow0 = warp * 16 + g;  // key rows krow0, krow0 + 8 of the pair
+        const int fkey0 = keys_s[krow0], fkey1 = keys_s[krow0 + 8];
+#endif
 
         // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
         wgmma_fence();
@@ -332,6 +345,42 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
             wgmma_wait<0>();
             fence_regs(acc);
+#if DSV4_SA90_BWD_RED64
+            // Flush: per 16 columns (n = 2m, 2m + 1) and key row rr, lane c4 writes columns
+            // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes a = 2 (c4 & 1)
+            // and a + 1 at n = 2m + hi. Four shuffle rounds: in round 0 lane c4 reads lane
+            // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
+            // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
+            {
+                float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + krow0) * n_hblk + hb) * kD
+                                                    : p.dkv + (static_cast<i64>(b) * p.K + max(fkey0, 0)) * kD;
+                float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + krow0 + 8) * n_hblk + hb) * kD
+                                                    : p.dkv + (static_cast<i64>(b) * p.K + max(fkey1, 0)) * kD;
+                const bool hi = c4 >= 2;
+                const int qlane = lane & ~3, a = (c4 & 1) * 2;
+                const int src0 = qlane + a + (hi ? 1 : 0), src1 = qlane + a + (hi ? 0 : 1);
+#pragma unroll
+                for (int m = 0; m < kDkvN / 16; ++m) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        const float lox = acc[8 * m + 2 * rr], loy = acc[8 * m + 2 * rr + 1];
+                        const float hix = acc[8 * m + 4 + 2 * rr], hiy = acc[8 * m + 4 + 2 * rr + 1];
+                        const float e0 = __shfl_sync(DSV4_FULL_MASK, odd ? hix : lox, src0);
+                        const float e1 = __shfl_sync(DSV4_FULL_MASK, odd ? lox : hix, src1);
+                        const float e2 = __shfl_sync(DSV4_FULL_MASK, odd ? hiy : loy, src0);
+                        const float e3 = __shfl_sync(DSV4_FULL_MASK, odd ? loy : hiy, src1);
+                        const float4 v = hi ? make_float4(e1, e3, e0, e2) : make_float4(e0, e2, e1, e3);
+                        float* ptr = (rr ? dst1 : dst0) + col0 + 8 * (2 * m + (hi ? 1 : 0)) + 4 * (c4 & 1);
+                        if ((rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3) {
+                            if (p.deterministic)
+                                *reinterpret_cast<float4*>(ptr) = v;
+                            else
+                                red_add_v4(ptr, v);
+                        }
+                    }
+                }
+            }
+#else
             // Flush: even c4 keeps key row r0's 4 columns, odd c4 row r1's (lane pair swap).
 #pragma unroll
             for (int n = 0; n < kDkvN / 8; ++n) {
@@ -346,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         red_add_v4(ptr, v);
                 }
             }
+#endif
         }
     }
 
