@@ -6,9 +6,7 @@
 //! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps `n`
 //! numbers per step in shared memory (the scale factors the step sets for n <= 6, its
 //! denominators for n >= 7), `(2*repeat - 1) * n` doubles per thread (plus the matrix
-//! itself, `n*n` doubles, for n >= 7). `DSV4_EXTRA_DEFINES=DSV4_SINKHORN_BWD_LANES=1`
-//! selects a backward with n lanes a matrix for n in {1, 2, 4} (same tape per matrix, n
-//! times the threads; bwd.cu's head comment).
+//! itself, `n*n` doubles, for n >= 7).
 
 use dsv4_core::ops::sinkhorn::SinkhornArgs;
 use dsv4_core::{Error, Result, TensorView, TensorViewMut};
@@ -122,58 +120,14 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
     // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte
     // aligned, vector_ok); `out` is contiguous f32 of x's shape (M*n*n elements, checked
-    // above); one thread per matrix (or a grid-stride loop over matrices), threads past M
-    // return; the kernel is sinkhorn_fwd, which takes SinkhornParams.
-    unsafe { k.launch([fwd_blocks(gpu, m), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
-}
-
-/// Forward blocks: one thread a matrix, or with the untimed variant
-/// `DSV4_SINKHORN_FWD_PREFETCH=1` (fwd.cu) at most 8 blocks an SM, each thread looping over
-/// matrices with the next one's loads in flight.
-fn fwd_blocks(gpu: &Gpu, matrices: usize) -> u32 {
-    let all = blocks(matrices, FWD_THREADS);
-    if crate::runtime::extra_define("DSV4_SINKHORN_FWD_PREFETCH") == Some("1") {
-        all.min(8 * gpu.props().sm_count.max(1))
-    } else {
-        all
-    }
+    // above); one thread per matrix, threads past M return; the kernel is sinkhorn_fwd,
+    // which takes SinkhornParams.
+    unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
 /// Shared-memory bytes the backward needs per thread (one matrix).
 fn backward_bytes_per_thread(n: usize, repeat: usize) -> usize {
     8 * ((2 * repeat - 1) * n + if n >= 7 { n * n } else { 0 })
-}
-
-/// Whether the backward runs the n-lanes-a-matrix kernel: `DSV4_SINKHORN_BWD_LANES` set to
-/// a nonzero integer (through `DSV4_EXTRA_DEFINES`, which also hands it to the kernel) and
-/// n a power of two <= 4, as `SINKHORN_BWD_LANES` in kernels/sinkhorn/bwd.cu decides.
-fn lanes_variant(n: usize) -> bool {
-    crate::runtime::extra_define("DSV4_SINKHORN_BWD_LANES").and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v != 0) && matches!(n, 1 | 2 | 4)
-}
-
-/// The n-lanes kernel's block: n lanes a matrix, the same tape per matrix as one thread a
-/// matrix ((2*repeat-1)*n doubles). Threads per block from 128 down to 32 (multiples of 32,
-/// hence of n; the kernel's launch bound is 128): the one that keeps the most matrices
-/// resident per SM (shared memory with the driver's 1 KiB per block, at most 32 blocks and
-/// 2048 threads an SM), the larger block on ties. At n = 4, repeat = 20 on an H200 (228
-/// KiB an SM): 64 threads (16 matrices, 19,968 B), 11 blocks, 176 matrices an SM (128
-/// threads: 5 blocks, 160). None when even 32 threads exceed the per-block limit.
-fn backward_lanes_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
-    let per_matrix = backward_bytes_per_thread(n, repeat); // n <= 4: the tape alone
-    let props = gpu.props();
-    let mut best: Option<(usize, usize, usize)> = None; // (resident matrices, threads, bytes)
-    for threads in [128usize, 64, 32] {
-        let bytes = threads / n * per_matrix;
-        if bytes > props.max_shared_per_block_optin as usize {
-            continue;
-        }
-        let blocks = (props.max_shared_per_sm as usize / (bytes + 1024)).min(32).min(2048 / threads);
-        let resident = blocks * threads / n;
-        if best.is_none_or(|b| resident > b.0) {
-            best = Some((resident, threads, bytes));
-        }
-    }
-    best.map(|(_, t, b)| (t, b))
 }
 
 /// Threads per backward block, and its shared-memory bytes: the largest block (128 down
@@ -198,9 +152,7 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
     if m == 0 {
         return Ok(());
     }
-    let lanes = if lanes_variant(n) { n } else { 1 };
-    let block = if lanes > 1 { backward_lanes_block(gpu, n, a.repeat) } else { backward_block(gpu, n, a.repeat) };
-    let Some((threads, smem)) = block else {
+    let Some((threads, smem)) = backward_block(gpu, n, a.repeat) else {
         return Err(Error::Unavailable {
             backend: "cuda".into(),
             op: "sinkhorn_normalize_backward",
@@ -212,12 +164,10 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
     // SAFETY: `x` and `dout` are validated `[..., n, n]` f32 views of one shape whose
     // layouts reach only their own elements (float4 reads only of one that is contiguous
     // and 16-byte aligned, vector_ok); `dx` is contiguous f32 of that shape; one thread
-    // per matrix (n lanes a matrix when lanes_variant: threads a multiple of 32 and of n,
-    // lanes past M recompute matrix M-1 and store nothing), threads past M return; the
-    // dynamic shared memory is what the kernel indexes ((2*repeat-1)*n doubles per matrix,
-    // plus n*n per thread for n >= 7), within the device limit (backward_block,
-    // backward_lanes_block).
-    unsafe { k.launch([blocks(m * lanes, threads), 1, 1], [threads as u32, 1, 1], smem as u32, &p) }
+    // per matrix, threads past M return; the dynamic shared memory is what the kernel
+    // indexes ((2*repeat-1)*n doubles per thread, plus n*n for n >= 7), within the device
+    // limit (backward_block).
+    unsafe { k.launch([blocks(m, threads), 1, 1], [threads as u32, 1, 1], smem as u32, &p) }
 }
 
 #[cfg(test)]

@@ -28,21 +28,6 @@
 //   softmax:  dx = z * (g - sum_j g_j z_j),  z = y0 - eps   (y0 = z + eps, so dz = g)
 // The reconstruction error is a random walk of ~1 f64 ulp per step.
 //
-// DSV4_SINKHORN_BWD_LANES=1 (n in {1, 2, 4}; other n keep the kernels above): n lanes a
-// matrix, lane r owning row r, for the same tape per matrix and n times the threads (the
-// one-thread kernel is latency-bound: ~5 one-warp blocks an SM). Same sweep, same f64
-// reciprocal; vectors are held in xor order, v[d] = v_{r^d}, so every exchange is a
-// __shfl_xor_sync with a compile-time position:
-//   forward: lane r holds row r and column r of K; a step is lane-local (rows: row r . b,
-//     columns: column r . a), sets factor r (tape[k][slot*n + r]: consecutive words) and
-//     all-gathers it (n - 1 shuffles of a double).
-//   reverse: rows lane-local (b read from the tape); columns: products K gt reduce-scattered
-//     by xor halving (lane r ends with C_r, log2 n rounds), c_r = b_r C_r all-gathered.
-//   softmax backward per row, in j order. Lanes past the last matrix run a copy of the last
-//   one and store nothing.
-// Sums run in a different order than the one-thread kernel (xor order, a tree across
-// lanes): scripts/sinkhorn_bwd_lanes_emulate.py replays it.
-//
 // dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1
@@ -51,22 +36,9 @@
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=0 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=2 SINKHORN_VEC=1 SINKHORN_DVEC=1 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=2 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=1 DSV4_SINKHORN_BWD_LANES=1
-// dsv4-test-defines: SINKHORN_N=6 DSV4_SINKHORN_BWD_LANES=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
-
-#ifndef DSV4_SINKHORN_BWD_LANES
-#define DSV4_SINKHORN_BWD_LANES 0
-#endif
-// The n-lanes kernel: asked for, and n a power of two <= 4 (src/sinkhorn.rs: lanes_variant).
-#define SINKHORN_BWD_LANES (DSV4_SINKHORN_BWD_LANES && (SINKHORN_N == 1 || SINKHORN_N == 2 || SINKHORN_N == 4))
 
 // Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
 // b = the summed index.
@@ -132,191 +104,6 @@ __device__ __forceinline__ void scaled_bwd_step(const double (&K)[NN], double (&
         for (int k = 0; k < N; ++k) gt[at<ROWS>(e, k)] = fma(-c, ROWS ? b[k] : a[k], gt[at<ROWS>(e, k)]);
     }
 }
-
-#if SINKHORN_BWD_LANES
-// ---- n lanes a matrix -------------------------------------------------------------------
-// v[d] <- v[d ^ r] (r in [0, n), n a power of two): one conditional swap per bit of r. Its
-// own inverse.
-template <typename F> __device__ __forceinline__ void xor_permute(F (&v)[N], int r) {
-#pragma unroll
-    for (int w = 1; w < N; w <<= 1) {
-        const bool swap = (r & w) != 0;
-#pragma unroll
-        for (int d = 0; d < N; ++d) {
-            if (d & w) continue;
-            const F lo = v[d], hi = v[d | w];
-            v[d] = swap ? hi : lo;
-            v[d | w] = swap ? lo : hi;
-        }
-    }
-}
-
-// Row r of matrix m as f32, j = 0..n-1: float4 (n = 4) / float2 (n = 2) when VEC.
-template <bool VEC>
-__device__ __forceinline__ void load_row(const float* p, const SinkhornLayout& l, i64 m, int r, float (&v)[N]) {
-    if constexpr (VEC && N == 4) {
-        const float4 q = __ldg(reinterpret_cast<const float4*>(p + m * NN + r * N));
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else if constexpr (VEC && N == 2) {
-        const float2 q = __ldg(reinterpret_cast<const float2*>(p + m * NN + r * N));
-        v[0] = q.x, v[1] = q.y;
-    } else {
-        const float* b = p + matrix_offset(l, m) + r * l.row_stride;
-#pragma unroll
-        for (int j = 0; j < N; ++j) v[j] = __ldg(b + j * l.col_stride);
-    }
-}
-
-// Row r of matrix m of the contiguous [M, n, n] output.
-__device__ __forceinline__ void store_row(float* p, i64 m, int r, const float (&v)[N]) {
-    float* q = p + m * NN + r * N;
-#if SINKHORN_VEC
-    if constexpr (N == 4) {
-        *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-        *reinterpret_cast<float2*>(q) = make_float2(v[0], v[1]);
-    }
-#else
-#pragma unroll
-    for (int j = 0; j < N; ++j) q[j] = v[j];
-#endif
-}
-
-// Forward step, lane r: inv_f = sum_d Kv[d] other[d] + eps inv_f (Kv: row r of K for rows,
-// column r for columns, xor order), f_r = 1 / inv_f to tape[0], then f[d] = f_{r^d}.
-__device__ __forceinline__ void lanes_fwd_step(const double (&Kv)[N], const double (&other)[N], double (&f)[N], double& inv_f, double eps, double* tape) {
-    double s = eps * inv_f;
-#pragma unroll
-    for (int d = 0; d < N; ++d) s = fma(Kv[d], other[d], s);
-    inv_f = s;
-    const double mine = rcp(s);
-    *tape = mine;
-    f[0] = mine;
-#pragma unroll
-    for (int d = 1; d < N; ++d) f[d] = __shfl_xor_sync(DSV4_FULL_MASK, mine, d, N);
-}
-
-// Reverse of a row step, lane r (factors after it: a_r, b in xor order):
-// H_r = sum_d K_{r,r^d} gt[d], gt[d] -= (a_r H_r) b[d].
-__device__ __forceinline__ void lanes_row_bwd(const double (&Kr)[N], double (&gt)[N], double ar, const double (&b)[N]) {
-    double s = 0.0;
-#pragma unroll
-    for (int d = 0; d < N; ++d) s = fma(Kr[d], gt[d], s);
-    const double c = ar * s;
-#pragma unroll
-    for (int d = 0; d < N; ++d) gt[d] = fma(-c, b[d], gt[d]);
-}
-
-// Reverse of a column step, lane r (factors after it: a_r, b_r): C_j = sum_i K_ij gt_ij by
-// xor halving (round w: keep positions d < w, add the partner's d + w; lane r ends with
-// C_r; the first round adds the received product to its own in one FMA), c_r = b_r C_r,
-// all-gathered; gt[d] -= a_r c_{r^d}.
-__device__ __forceinline__ void lanes_col_bwd(const double (&Kr)[N], double (&gt)[N], double ar, double br) {
-    constexpr int H = N / 2;
-    double q[N];
-    if constexpr (N == 1) {
-        q[0] = Kr[0] * gt[0];
-    } else {
-#pragma unroll
-        for (int d = H; d < N; ++d) q[d] = Kr[d] * gt[d];
-#pragma unroll
-        for (int d = 0; d < H; ++d) q[d] = fma(Kr[d], gt[d], __shfl_xor_sync(DSV4_FULL_MASK, q[d + H], H, N));
-    }
-#pragma unroll
-    for (int w = H / 2; w >= 1; w /= 2)
-#pragma unroll
-        for (int d = 0; d < w; ++d) q[d] = q[d] + __shfl_xor_sync(DSV4_FULL_MASK, q[d + w], w, N);
-    const double c = br * q[0];
-    gt[0] = fma(-c, ar, gt[0]);
-#pragma unroll
-    for (int d = 1; d < N; ++d) gt[d] = fma(-__shfl_xor_sync(DSV4_FULL_MASK, c, d, N), ar, gt[d]);
-}
-
-// Threads per block: a multiple of 32 (hence of n), <= 128 (src/sinkhorn.rs: backward_block).
-extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
-    extern __shared__ double smem[];  // tape [2*repeat-1][T]: tape[k][slot*n + r] = factor r of step k
-    const int T = blockDim.x, t = threadIdx.x, r = t & (N - 1);
-    const i64 mt = ((i64)blockIdx.x * T + t) / N;
-    const bool live = mt < p.matrices;
-    // Past the last matrix: recompute the last one (every lane reaches every shuffle), store nothing.
-    const i64 m = live ? mt : p.matrices - 1;
-    double* tape = smem + t;        // this lane's factor of each step, stride T
-    const double* group = smem + (t - r);  // the group's factors: group[k*T + (r^d)]
-    const double eps = (double)p.eps;
-    // K = softmax(x) + eps, row r in f64 as the one-thread kernel computes it; then
-    // Kr[d] = K_{r,r^d} and Kc[d] = K_{r^d,r} (lane r^d holds it at its position d).
-    double Kr[N], Kc[N];
-    {
-        float x[N];
-        load_row<SINKHORN_VEC>(p.x, p.x_layout, m, r, x);
-        float mx = x[0];
-#pragma unroll
-        for (int j = 1; j < N; ++j) mx = fmaxf(mx, x[j]);
-        double s = 0.0;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            Kr[j] = exp((double)x[j] - (double)mx);
-            s += Kr[j];
-        }
-        const double inv = 1.0 / s;
-#pragma unroll
-        for (int j = 0; j < N; ++j) Kr[j] = Kr[j] * inv + eps;
-        xor_permute(Kr, r);
-        Kc[0] = Kr[0];
-#pragma unroll
-        for (int d = 1; d < N; ++d) Kc[d] = __shfl_xor_sync(DSV4_FULL_MASK, Kr[d], d, N);
-    }
-    // Forward: step 0 (columns), then (rows, columns) repeat - 1 times; a[d] = a_{r^d},
-    // b[d] = b_{r^d}, al = alpha_r, be = beta_r.
-    double a[N], b[N], al = 1.0, be = 1.0;
-#pragma unroll
-    for (int d = 0; d < N; ++d) a[d] = 1.0, b[d] = 1.0;
-    lanes_fwd_step(Kc, a, b, be, eps, tape);
-    for (int k = 1; k < p.repeat; ++k) {
-        lanes_fwd_step(Kr, b, a, al, eps, tape + (i64)(2 * k - 1) * T);
-        lanes_fwd_step(Kc, a, b, be, eps, tape + (i64)(2 * k) * T);
-    }
-    // gt[d] = dout_{r,r^d} a_r b_{r^d} with the final factors.
-    double gt[N];
-    {
-        float dv[N];
-        load_row<SINKHORN_DVEC>(p.dout, p.dout_layout, m, r, dv);
-        xor_permute(dv, r);
-#pragma unroll
-        for (int d = 0; d < N; ++d) gt[d] = (double)dv[d] * a[0] * b[d];
-    }
-    // Reverse as the one-thread kernel: column step 2k (a of 2k-1, b of 2k), row step 2k-1
-    // (a of 2k-1, b of 2k-2). Lane r needs a_r, and b_r (columns) or all of b (rows).
-    double ar = a[0];
-    for (int k = p.repeat - 1; k >= 1; --k) {
-        lanes_col_bwd(Kr, gt, ar, b[0]);
-#pragma unroll
-        for (int d = 0; d < N; ++d) b[d] = group[(i64)(2 * k - 2) * T + (r ^ d)];
-        lanes_row_bwd(Kr, gt, ar, b);
-        ar = k >= 2 ? tape[(i64)(2 * k - 3) * T] : 1.0;
-    }
-    lanes_col_bwd(Kr, gt, ar, b[0]);  // step 0: a = 1, b = tape[0]
-    // Softmax over row r: dx = z * (g - <g, z>), z = K - eps, g = gt, back in j order first:
-    // <g, z> is summed in j order as the one-thread kernel and the reference do (where z is
-    // near one-hot, g - <g, z> cancels to ~1e-15 of g and the summation order alone moves
-    // dx by up to ~4e-4 of the row's scale; scripts/sinkhorn_bwd_lanes_emulate.py).
-    xor_permute(Kr, r);
-    xor_permute(gt, r);
-    float dx[N];
-    {
-        double z[N];
-        double s = 0.0;
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-            z[j] = Kr[j] - eps;
-            s = fma(gt[j], z[j], s);
-        }
-#pragma unroll
-        for (int j = 0; j < N; ++j) dx[j] = (float)(z[j] * (gt[j] - s));
-    }
-    if (live) store_row(p.out, m, r, dx);
-}
-#else  // one thread a matrix
 
 __device__ __forceinline__ void load_factors(double (&f)[N], const double* tape, int T) {
 #pragma unroll
@@ -384,7 +171,6 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     }
     store_matrix(p.out, m, dx);
 }
-#endif  // SINKHORN_BWD_LANES
 #else  // n >= 7
 
 // v in shared memory, this thread's column of a [NN][blockDim.x] array.

@@ -11,13 +11,7 @@
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 DSV4_SINKHORN_FWD_PREFETCH=1
-// dsv4-test-defines: SINKHORN_N=5 DSV4_SINKHORN_FWD_PREFETCH=1
 #include "sinkhorn/sinkhorn.cuh"
-
-#ifndef DSV4_SINKHORN_FWD_PREFETCH
-#define DSV4_SINKHORN_FWD_PREFETCH 0
-#endif
 
 using namespace sinkhorn;
 
@@ -88,31 +82,6 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
         for (int j = 0; j < N; ++j) K[i * N + j] = __fmul_rn(__fmul_rn(K[i * N + j], a[i]), b[j]);
 }
 
-#if DSV4_SINKHORN_FWD_PREFETCH
-// Variant (untimed, docs/perf.md): a grid of a few blocks an SM, each thread looping over
-// matrices m, m + stride, ... with the next matrix's loads issued before this one's
-// steps, so the reads of x overlap the arithmetic (one matrix a thread loads, computes
-// and stores in phase with every other thread of its wave).
-extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= p.matrices) return;
-    float K[NN];
-    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
-    for (;;) {
-        const i64 next = m + stride;
-        const bool more = next < p.matrices;
-        float Kn[NN];
-        if (more) load_matrix<SINKHORN_VEC>(p.x, p.x_layout, next, Kn);
-        sinkhorn_matrix(K, p);
-        store_matrix(p.out, m, K);
-        if (!more) break;
-        m = next;
-#pragma unroll
-        for (int e = 0; e < NN; ++e) K[e] = Kn[e];
-    }
-}
-#else
 extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
     const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.matrices) return;
@@ -121,4 +90,3 @@ extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornPar
     sinkhorn_matrix(K, p);
     store_matrix(p.out, m, K);
 }
-#endif
