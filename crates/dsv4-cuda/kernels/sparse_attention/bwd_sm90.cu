@@ -10,7 +10,7 @@
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: DSV4_SA90_BWD_RED64=1
+// dsv4-test-defines: SA90_BWD_FLUSH_QUADS=0
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -36,9 +36,10 @@
 //          dKV[pair's 64 keys, 256c..] = dS^T Q + P^T dO   (M = keys, K = heads: 4 k-steps;
 //                           A K-major from the transposed tiles, B = the Q / dO tiles read
 //                           N-major), in chunks of 128 columns (64 f32 a thread), each
-//                           flushed from its accumulators: lanes c4, c4^1 swap halves so
-//                           each lane holds 4 consecutive columns of one key row, one
-//                           16-byte red.global.add.v4.f32 (atomic) or store (deterministic).
+//                           flushed from its accumulators by shuffles within a quad so
+//                           each lane holds 4 consecutive columns of a key row, one
+//                           16-byte red.global.add.v4.f32 (atomic) or store (deterministic)
+//                           each (layouts: SA90_BWD_FLUSH_QUADS below).
 //        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
 //        so the next pair's gathers overlap the dKV products; each thread copies its
 //        flush row's key to a register first (the producer rewrites the slot keys).
@@ -117,12 +118,14 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
-// Flush layout (variant, default 0): DSV4_SA90_BWD_RED64=1 each lane writes both key rows
-// of its quad, the quad's 4 lanes one 64-byte span of one row per instruction (a warp:
-// 8 rows x 64 B) instead of a lane pair's 32 bytes of each of two rows (16 rows x 32 B):
-// half the cache lines per reduction instruction, twice the shuffles.
-#ifndef DSV4_SA90_BWD_RED64
-#define DSV4_SA90_BWD_RED64 0
+// The dKV flush layout, set by the launcher per mode. SA90_BWD_FLUSH_QUADS=1 (atomic): each
+// lane writes both key rows of its quad, the quad's 4 lanes one 64-byte span of one row per
+// instruction (a warp: 8 rows x 64 B; four shuffles a vector). =0 (deterministic): a lane
+// pair swaps halves so each lane writes 16 bytes of one row (a warp: 16 rows x 32 B; two
+// shuffles a vector). On the H200 the quads took the atomic backward from 11.55 to 10.71 ms
+// (S=16384) and the pairs keep the deterministic one 2.5 % faster (docs/perf.md v8).
+#ifndef SA90_BWD_FLUSH_QUADS
+#define SA90_BWD_FLUSH_QUADS 1
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
@@ -299,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         mbar_wait(keys_bar + 1 - cw, par);  // done already as well
         const int fkey = keys_s[frow];
         any_valid |= fkey >= 0;
-#if DSV4_SA90_BWD_RED64
+#if SA90_BWD_FLUSH_QUADS
         const int krow0 = warp * 16 + g;  // key rows krow0, krow0 + 8 of the pair
         const int fkey0 = keys_s[krow0], fkey1 = keys_s[krow0 + 8];
 #endif
@@ -345,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
             wgmma_wait<0>();
             fence_regs(acc);
-#if DSV4_SA90_BWD_RED64
+#if SA90_BWD_FLUSH_QUADS
             // Flush: per 16 columns (n = 2m, 2m + 1) and key row rr, lane c4 writes columns
             // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes a = 2 (c4 & 1)
             // and a + 1 at n = 2m + hi. Four shuffle rounds: in round 0 lane c4 reads lane
