@@ -12,8 +12,8 @@
 //   dq  += G kv          [64 heads x D],        K = 64   m64nDk16 RS   (kv N-major; D = 64 DG)
 //   dkv_tile = G^T q     [64 slots x D],        K = H    m64n64k16 SS per 64 columns
 //                                                        (G^T K-major, q N-major)
-// dkv_tile goes to global memory from the accumulators (lane pairs swap halves so that each
-// lane holds 4 columns of one slot row: one red.global.add.v4.f32 each); dq (bf16) and dw
+// dkv_tile goes to global memory from the accumulators (shuffles within a quad so that each
+// lane holds 4 columns of one slot row: one red.global.add.v4.f32 each, IDX_BWD_FLUSH_QUADS); dq (bf16) and dw
 // of a query are written once, from the registers. Every wgmma form here is one the
 // attention kernels use and hopper_probe.cu checks: S = Q K^T (A), dq += dS K (dq, A from
 // the accumulator layout), dKV = dS^T Q with dS^T stored by stmatrix .trans (dkv_tile).
@@ -22,6 +22,7 @@
 // dsv4-test-defines: IDX_H=17 IDX_D=40
 // dsv4-test-defines: IDX_H=1 IDX_D=64
 // dsv4-test-defines: IDX_H=33 IDX_D=128
+// dsv4-test-defines: IDX_H=64 IDX_D=128 IDX_BWD_FLUSH_QUADS=0
 //
 // CTA: a persistent grid (at most one CTA per SM); CTA x takes the query rows x, x + G,
 // x + 2G, ... (G = gridDim.x; rows of all batches, row = b * S + s), alternately to its two
@@ -67,6 +68,13 @@
 #include "indexer/mma.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
+
+// The dkv flush layout: 1 (default) quads, a warp's reduction instruction covers 8 slot
+// rows x 64 B (four shuffles a vector); 0 lane pairs, 16 rows x 32 B (two shuffles). The
+// attention backward's quads cut its atomic time by 7 % on the H200 (docs/perf.md v8).
+#ifndef IDX_BWD_FLUSH_QUADS
+#define IDX_BWD_FLUSH_QUADS 1
+#endif
 
 #ifndef IDX_H
 #define IDX_H 64
@@ -334,6 +342,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 continue;
             }
             const int fkey = keys[frow];  // read before the stage is freed
+#if IDX_BWD_FLUSH_QUADS
+            const int fkey0 = keys[r0], fkey1 = keys[r1];
+#endif
 
             // ---- A = q kv^T [heads x slots], K = D -------------------------------------------
             float acc[32];
@@ -394,7 +405,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
             //      chunk (q's SW128 group dc) at a time, each added to dkv[key] from the
             //      registers: lane pairs (c4, c4 ^ 1) swap halves so that the even lane adds 4
             //      columns of slot r0, the odd one of slot r1 (masked slots: nothing).
+#if IDX_BWD_FLUSH_QUADS
+            float* const dst0 = dkv_b + static_cast<i64>(max(fkey0, 0)) * D + 4 * (c4 & 1);
+            float* const dst1 = dkv_b + static_cast<i64>(max(fkey1, 0)) * D + 4 * (c4 & 1);
+#else
             float* const dst_row = dkv_b + static_cast<i64>(max(fkey, 0)) * D + (c4 & 2) * 2;
+#endif
 #pragma unroll
             for (int dc = 0; dc < DG; ++dc) {
                 float dk[32];  // dkv_tile[slot r0 / r1][64 dc + 8 j + 2 c4 + (0, 1)]
@@ -412,6 +428,39 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 fence_regs(dk);
                 // (Every accumulator is read, the zero columns past D too: ptxas serialises
                 // the products when some of them are left unread.)
+#if IDX_BWD_FLUSH_QUADS
+                // Quads: per 16 columns (j = 2m, 2m + 1) and slot row rr, lane c4 adds columns
+                // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes
+                // a = 2 (c4 & 1) and a + 1 at j = 2m + hi: in round 0 lane c4 reads lane
+                // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
+                // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
+                {
+                    const bool hi = c4 >= 2;
+                    const int qlane = lane & ~3, a = (c4 & 1) * 2;
+                    const int src0 = qlane + a + (hi ? 1 : 0), src1 = qlane + a + (hi ? 0 : 1);
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+                        for (int rr = 0; rr < 2; ++rr) {
+                            const float lox = dk[8 * m + 2 * rr], loy = dk[8 * m + 2 * rr + 1];
+                            const float hix = dk[8 * m + 4 + 2 * rr], hiy = dk[8 * m + 4 + 2 * rr + 1];
+                            const float e0 = __shfl_sync(DSV4_FULL_MASK, odd ? hix : lox, src0);
+                            const float e1 = __shfl_sync(DSV4_FULL_MASK, odd ? lox : hix, src1);
+                            const float e2 = __shfl_sync(DSV4_FULL_MASK, odd ? hiy : loy, src0);
+                            const float e3 = __shfl_sync(DSV4_FULL_MASK, odd ? loy : hiy, src1);
+                            const int j = 2 * m + (hi ? 1 : 0);
+                            if ((rr ? fkey1 : fkey0) >= 0 && 8 * dc + j < DCH) {
+                                float* const dst = (rr ? dst1 : dst0) + 64 * dc + 8 * j;
+                                if (hi)
+                                    red_add_v4(dst, e1, e3, e0, e2);
+                                else
+                                    red_add_v4(dst, e0, e2, e1, e3);
+                            }
+                        }
+                    }
+                }
+#else
+                // Lane pairs: the even lane adds 4 columns of slot r0, the odd one of slot r1.
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const float s0 = odd ? dk[4 * j + 0] : dk[4 * j + 2], s1 = odd ? dk[4 * j + 1] : dk[4 * j + 3];
@@ -420,6 +469,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                     const float v2 = odd ? dk[4 * j + 2] : x0, v3 = odd ? dk[4 * j + 3] : x1;
                     if (fkey >= 0 && 8 * dc + j < DCH) red_add_v4(dst_row + 64 * dc + 8 * j, v0, v1, v2, v3);
                 }
+#endif
             }
         }
         // Every product of the row is done (waited above): q's buffer is free.
