@@ -299,7 +299,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
     const int g8 = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g8, r1 = r0 + 8;  // this thread's heads (A, dq) and slots (dkv)
     const bool odd = (c4 & 1) != 0;
-    const int frow = odd ? r1 : r0;              // this thread's slot row in the dkv flush
+#if !IDX_BWD_FLUSH_QUADS
+    const int frow = odd ? r1 : r0;              // this thread's slot row in the dkv flush (lane pairs)
+#endif
     u64* bb = reinterpret_cast<u64*>(smem + OFF_BAR) + c * NBAR;
     const u32 cbase = base + c * C_BYTES;
     const int* keys_s = reinterpret_cast<const int*>(smem + OFF_KEYS) + c * NST * BN;
@@ -341,9 +343,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 named_sync(1 + c, 128);
                 continue;
             }
-            const int fkey = keys[frow];  // read before the stage is freed
 #if IDX_BWD_FLUSH_QUADS
-            const int fkey0 = keys[r0], fkey1 = keys[r1];
+            const int fkey0 = keys[r0], fkey1 = keys[r1];  // read before the stage is freed
+#else
+            const int fkey = keys[frow];  // read before the stage is freed
 #endif
 
             // ---- A = q kv^T [heads x slots], K = D -------------------------------------------
