@@ -191,7 +191,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows of S / dP / dq (heads h0 + r)
     const bool odd = c4 & 1;
-    const int frow = warp * 16 + g + (odd ? 8 : 0);  // this thread's key row (of the pair) in the dKV flush
+#if !SA90_BWD_FLUSH_QUADS
+    const int frow = warp * 16 + g + (odd ? 8 : 0);  // this thread's key row (of the pair) in the lane-pair flush
+#endif
 
     // delta = <dout, out> per head (4 threads a head, interleaved 16-byte chunks) and lse
     // in log2 units (+inf for a padded head: its P is 0).
@@ -300,11 +302,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::consumer_after_ready();
         // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
         mbar_wait(keys_bar + 1 - cw, par);  // done already as well
+#if SA90_BWD_FLUSH_QUADS
+        const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
+        any_valid |= fkey0 >= 0 || fkey1 >= 0;
+#else
         const int fkey = keys_s[frow];
         any_valid |= fkey >= 0;
-#if SA90_BWD_FLUSH_QUADS
-        const int krow0 = warp * 16 + g;  // key rows krow0, krow0 + 8 of the pair
-        const int fkey0 = keys_s[krow0], fkey1 = keys_s[krow0 + 8];
 #endif
 
         // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
@@ -322,8 +325,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
         // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
+#if !SA90_BWD_FLUSH_QUADS
         float* const dst_row = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + frow) * n_hblk + hb) * kD
                                                : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
+#endif
 #pragma unroll 1
         for (int ch = 0; ch < 256 / kDkvN; ++ch) {
             const int col0 = cw * 256 + ch * kDkvN;
@@ -355,9 +360,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
             // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
             {
-                float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + krow0) * n_hblk + hb) * kD
+                float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r0) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey0, 0)) * kD;
-                float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + krow0 + 8) * n_hblk + hb) * kD
+                float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r1) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey1, 0)) * kD;
                 const bool hi = c4 >= 2;
                 const int qlane = lane & ~3, a = (c4 & 1) * 2;
