@@ -6,7 +6,8 @@
 //! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps `n`
 //! numbers per step in shared memory (the scale factors the step sets for n <= 6, its
 //! denominators for n >= 7), `(2*repeat - 1) * n` doubles per thread (plus the matrix
-//! itself, `n*n` doubles, for n >= 7).
+//! itself, `n*n` doubles, for n >= 7); `DSV4_EXTRA_DEFINES=SINKHORN_BWD_CKPT=1` selects an
+//! untimed n <= 6 variant that checkpoints every two (row, column) pairs instead.
 
 use dsv4_core::ops::sinkhorn::SinkhornArgs;
 use dsv4_core::{Error, Result, TensorView, TensorViewMut};
@@ -125,16 +126,28 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
-/// Shared-memory bytes the backward needs per thread (one matrix).
-fn backward_bytes_per_thread(n: usize, repeat: usize) -> usize {
-    8 * ((2 * repeat - 1) * n + if n >= 7 { n * n } else { 0 })
+/// `(row, column)` pairs per checkpoint when `DSV4_EXTRA_DEFINES` selects the
+/// checkpointed n <= 6 backward (`SINKHORN_BWD_CKPT=1`, `SINKHORN_BWD_CKPT_PAIRS`, default
+/// 2, as kernels/sinkhorn/bwd.cu); None for the default kernel (a tape entry per step).
+fn backward_ckpt_pairs() -> Option<usize> {
+    use crate::runtime::extra_define;
+    (extra_define("SINKHORN_BWD_CKPT") == Some("1")).then(|| extra_define("SINKHORN_BWD_CKPT_PAIRS").map_or(2, |v| v.parse().unwrap_or(2)))
+}
+
+/// Shared-memory bytes the backward needs per thread (one matrix): n doubles per step,
+/// or with checkpoints (n <= 6) 2n doubles per group of `pairs` (row, column) pairs.
+fn backward_bytes_per_thread(n: usize, repeat: usize, ckpt_pairs: Option<usize>) -> usize {
+    match ckpt_pairs {
+        Some(pairs) if n <= 6 => 8 * 2 * n * (repeat - 1).div_ceil(pairs.max(1)),
+        _ => 8 * ((2 * repeat - 1) * n + if n >= 7 { n * n } else { 0 }),
+    }
 }
 
 /// Threads per backward block, and its shared-memory bytes: the largest block (128 down
 /// to 32 threads) of which four fit an SM's shared memory; else 32 threads if that fits the
 /// per-block limit; None when even 32 threads exceed it.
 pub fn backward_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
-    let per_thread = backward_bytes_per_thread(n, repeat);
+    let per_thread = backward_bytes_per_thread(n, repeat, backward_ckpt_pairs());
     let props = gpu.props();
     // Each resident block also costs 1 KiB of shared memory reserved by the driver.
     let budget = (props.max_shared_per_sm as usize / 4).saturating_sub(1024).min(props.max_shared_per_block_optin as usize);
@@ -156,7 +169,7 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
         return Err(Error::Unavailable {
             backend: "cuda".into(),
             op: "sinkhorn_normalize_backward",
-            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix; 32 matrices exceed the device's {} bytes of shared memory per block", a.repeat, backward_bytes_per_thread(n, a.repeat), gpu.props().max_shared_per_block_optin),
+            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix; 32 matrices exceed the device's {} bytes of shared memory per block", a.repeat, backward_bytes_per_thread(n, a.repeat, backward_ckpt_pairs()), gpu.props().max_shared_per_block_optin),
         });
     };
     let k = gpu.kernel("sinkhorn/bwd.cu", "sinkhorn_bwd", &defines(n, &a.x, dx, Some(dout)))?;
@@ -165,8 +178,9 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
     // layouts reach only their own elements (float4 reads only of one that is contiguous
     // and 16-byte aligned, vector_ok); `dx` is contiguous f32 of that shape; one thread
     // per matrix, threads past M return; the dynamic shared memory is what the kernel
-    // indexes ((2*repeat-1)*n doubles per thread, plus n*n for n >= 7), within the device
-    // limit (backward_block).
+    // indexes ((2*repeat-1)*n doubles per thread, plus n*n for n >= 7; 2n per checkpoint
+    // with SINKHORN_BWD_CKPT=1, which backward_ckpt_pairs reads from the same defines the
+    // kernel was built with), within the device limit (backward_block).
     unsafe { k.launch([blocks(m, threads), 1, 1], [threads as u32, 1, 1], smem as u32, &p) }
 }
 
@@ -191,5 +205,18 @@ mod tests {
         assert_eq!(&l2.lead_size[4..], &[2, 3]);
         assert_eq!(&l2.lead_stride[4..], &[100, 16]);
         assert_eq!((l2.row_stride, l2.col_stride), (1, 4));
+    }
+
+    #[test]
+    fn backward_tape_bytes() {
+        assert_eq!(backward_bytes_per_thread(4, 20, None), 1248);
+        assert_eq!(backward_bytes_per_thread(8, 20, None), 8 * (39 * 8 + 64));
+        // Checkpoints: ceil((repeat - 1) / pairs) groups of 2n doubles; n >= 7 unchanged.
+        assert_eq!(backward_bytes_per_thread(4, 20, Some(2)), 640);
+        assert_eq!(backward_bytes_per_thread(4, 21, Some(2)), 640);
+        assert_eq!(backward_bytes_per_thread(4, 1, Some(2)), 0);
+        assert_eq!(backward_bytes_per_thread(1, 2, Some(2)), 16);
+        assert_eq!(backward_bytes_per_thread(6, 20, Some(3)), 8 * 12 * 7);
+        assert_eq!(backward_bytes_per_thread(8, 20, Some(2)), backward_bytes_per_thread(8, 20, None));
     }
 }

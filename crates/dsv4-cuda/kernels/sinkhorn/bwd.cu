@@ -19,6 +19,14 @@
 //   gt starts as dout * (a b^T) and ends as dL/dy0 (a = b = 1 before step 0). Per step
 //   ~64 f64 instructions and 4 MUFU.RCP64H at n = 4. Reciprocals: one Newton step (error
 //   ~1e-12; the result moves by ~1e-9 of the row scale).
+//   SINKHORN_BWD_CKPT=1 (untimed variant): the tape holds a checkpoint of the forward
+//   state (al, be: all a row and a column step read besides K) before every
+//   SINKHORN_BWD_CKPT_PAIRS (row, column) pairs instead of every step's factor; the
+//   reverse recomputes a group's factors from its checkpoint into registers with the
+//   forward's own operations (bitwise the same factors, so the same result) and reverses
+//   the group from them: 2n doubles per group, (repeat-1)/P groups rounded up (n = 4,
+//   repeat 20, P = 2: 640 bytes a thread instead of 1248), one more forward step per
+//   reversed step. scripts/sinkhorn_bwd_ckpt_emulate.py checks the indexing.
 //
 // n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
 // memory too ([e][thread], after the tape): v and g together would not fit in registers.
@@ -36,9 +44,27 @@
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT=1
+// dsv4-test-defines: SINKHORN_N=6 SINKHORN_BWD_CKPT=1
+// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT=1
+// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT=1
+// dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
+
+// 1: the n <= 6 kernel checkpoints the forward every SINKHORN_BWD_CKPT_PAIRS (row,
+// column) pairs and recomputes in the reverse (the launcher sizes the tape to match,
+// src/sinkhorn.rs backward_bytes_per_thread). 0: a tape entry per step.
+#ifndef SINKHORN_BWD_CKPT
+#define SINKHORN_BWD_CKPT 0
+#endif
+#ifndef SINKHORN_BWD_CKPT_PAIRS
+#define SINKHORN_BWD_CKPT_PAIRS 2
+#endif
+#if SINKHORN_BWD_CKPT_PAIRS < 1
+#error "SINKHORN_BWD_CKPT_PAIRS must be >= 1"
+#endif
 
 // Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
 // b = the summed index.
@@ -110,6 +136,88 @@ __device__ __forceinline__ void load_factors(double (&f)[N], const double* tape,
     for (int e = 0; e < N; ++e) f[e] = tape[e * T];
 }
 
+#if SINKHORN_BWD_CKPT
+// scaled_fwd_step without the tape store: the same operations in the same order.
+template <bool ROWS>
+__device__ __forceinline__ void scaled_fwd_step_regs(const double (&K)[NN], double (&f)[N], double (&inv_f)[N], const double (&other)[N], double eps) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+        double s = eps * inv_f[e];
+#pragma unroll
+        for (int k = 0; k < N; ++k) s = fma(K[at<ROWS>(e, k)], other[k], s);
+        inv_f[e] = s;
+        f[e] = rcp(s);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
+    // tape [groups][2][N][T]: (al, be) before each group of P (row, column) pairs, group
+    // g = pairs 1 + g*P ... (steps 2r-1, 2r for pair r); groups = ceil((repeat-1) / P).
+    constexpr int P = SINKHORN_BWD_CKPT_PAIRS;
+    extern __shared__ double smem[];
+    const int T = blockDim.x, t = threadIdx.x;
+    const i64 m = (i64)blockIdx.x * T + t;
+    if (m >= p.matrices) return;  // no block-wide synchronisation below
+    double* tape = smem + t;
+    const i64 ckpt = (i64)2 * N * T;  // one checkpoint's slice of the tape
+    const double eps = (double)p.eps;
+    double K[NN];
+    softmax_eps_f64(p, m, eps, [&](int e) -> double& { return K[e]; });
+    // Forward, as the default kernel but storing (al, be) before every P pairs.
+    double a[N], b[N], al[N], be[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) a[e] = 1.0, b[e] = 1.0, al[e] = 1.0, be[e] = 1.0;
+    scaled_fwd_step_regs<false>(K, b, be, a, eps);
+    for (int r = 1, g = 0; r < p.repeat; ++g) {
+        double* c = tape + g * ckpt;
+#pragma unroll
+        for (int e = 0; e < N; ++e) c[e * T] = al[e], c[(N + e) * T] = be[e];
+#pragma unroll
+        for (int q = 0; q < P; ++q, ++r) {
+            if (r < p.repeat) {
+                scaled_fwd_step_regs<true>(K, a, al, b, eps);
+                scaled_fwd_step_regs<false>(K, b, be, a, eps);
+            }
+        }
+    }
+    double gt[NN];
+    {
+        float d[NN];
+        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+            for (int j = 0; j < N; ++j) gt[i * N + j] = (double)d[i * N + j] * a[i] * b[j];
+    }
+    // Reverse, group by group from the last: recompute the group's factors from its
+    // checkpoint (A[q], B[q]: a and b set by pair q's row and column steps; b: the b
+    // before the group), then reverse its pairs: column step with (A[q], B[q]), row step
+    // with (A[q], B[q-1] or b). b ends as the b step 0 set (the final b if repeat = 1).
+    for (int g = (p.repeat - 1 + P - 1) / P - 1; g >= 0; --g) {
+        const int pairs = min(P, p.repeat - 1 - g * P);
+        const double* c = tape + g * ckpt;
+#pragma unroll
+        for (int e = 0; e < N; ++e) al[e] = c[e * T], be[e] = c[(N + e) * T], b[e] = rcp(be[e]);
+        double A[P][N], B[P][N];
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            if (q < pairs) {
+                scaled_fwd_step_regs<true>(K, A[q], al, q ? B[q - 1] : b, eps);
+                scaled_fwd_step_regs<false>(K, B[q], be, A[q], eps);
+            }
+        }
+#pragma unroll
+        for (int q = P - 1; q >= 0; --q) {
+            if (q < pairs) {
+                scaled_bwd_step<false>(K, gt, A[q], B[q]);
+                scaled_bwd_step<true>(K, gt, A[q], q ? B[q - 1] : b);
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e) a[e] = 1.0;
+    scaled_bwd_step<false>(K, gt, a, b);  // step 0: a = 1, b = the b it set
+#else  // the tape kernel
 extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
     extern __shared__ double smem[];  // tape [2*repeat-1][N][T]: the factor set by each step
     const int T = blockDim.x, t = threadIdx.x;
@@ -155,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
         }
     }
     scaled_bwd_step<false>(K, gt, a, b);  // step 0: a = 1, b = tape[0]
+#endif  // SINKHORN_BWD_CKPT; both kernels end here
     // Softmax over each row: dx = z * (g - <g, z>), z = K - eps, g = gt.
     float dx[NN];
 #pragma unroll
