@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The n <= 6 Sinkhorn backward (crates/dsv4-cuda/kernels/sinkhorn/bwd.cu) with and
-without SINKHORN_BWD_CKPT, replayed in f64 operation by operation (fma correctly rounded
+"""The n <= 6 Sinkhorn backward (crates/dsv4-cuda/kernels/sinkhorn/bwd.cu: checkpoints
+every SINKHORN_BWD_CKPT_PAIRS pairs) and the per-step tape kernel it replaced, replayed in f64 operation by operation (fma correctly rounded
 once, via exact rationals; rcp = the kernel's MUFU.RCP64H seed, modelled as 1/d with the
 low 32 bits cleared, refined by its one Newton step). Checks that the checkpointed kernel
 feeds every reversed step bitwise the same factors as the tape kernel, and so returns
@@ -71,7 +71,7 @@ def init_gt(d, n, a, b):
 
 
 def kernel_tape(K, d, n, repeat, eps):
-    """SINKHORN_BWD_CKPT=0: tape[k] = the factor step k set."""
+    """The replaced kernel: tape[k] = the factor step k set."""
     a, b, al, be = [1.0] * n, [1.0] * n, [1.0] * n, [1.0] * n
     tape = []
     fwd_step(False, K, n, b, be, a, eps); tape.append(list(b))
@@ -90,7 +90,7 @@ def kernel_tape(K, d, n, repeat, eps):
 
 
 def kernel_ckpt(K, d, n, repeat, eps, P):
-    """SINKHORN_BWD_CKPT=1: (al, be) before every P pairs; recompute in the reverse."""
+    """The kernel: (al, be) before every P pairs; recompute in the reverse."""
     a, b, al, be = [1.0] * n, [1.0] * n, [1.0] * n, [1.0] * n
     tape = []
     fwd_step(False, K, n, b, be, a, eps)

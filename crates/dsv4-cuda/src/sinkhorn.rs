@@ -3,11 +3,10 @@
 //!
 //! One thread per matrix, the whole `n x n` matrix in registers; `n` is a compile-time
 //! define (1..=8). float4 accesses where x (and dout) are contiguous and 16-byte aligned
-//! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps `n`
-//! numbers per step in shared memory (the scale factors the step sets for n <= 6, its
-//! denominators for n >= 7), `(2*repeat - 1) * n` doubles per thread (plus the matrix
-//! itself, `n*n` doubles, for n >= 7); `DSV4_EXTRA_DEFINES=SINKHORN_BWD_CKPT=1` selects an
-//! untimed n <= 6 variant that checkpoints every two (row, column) pairs instead.
+//! (`SINKHORN_VEC`). The backward runs in f64: it recomputes the forward and keeps a tape
+//! in shared memory: for n <= 6 a checkpoint of the scale factors every 3 (row, column)
+//! pairs (2 at n = 6), recomputed in the reverse; for n >= 7 each step's `n` denominators,
+//! `(2*repeat - 1) * n` doubles per thread, plus the matrix itself (`n*n` doubles).
 
 use dsv4_core::ops::sinkhorn::SinkhornArgs;
 use dsv4_core::{Error, Result, TensorView, TensorViewMut};
@@ -126,20 +125,20 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
     unsafe { k.launch([blocks(m, FWD_THREADS), 1, 1], [FWD_THREADS as u32, 1, 1], 0, &p) }
 }
 
-/// `(row, column)` pairs per checkpoint when `DSV4_EXTRA_DEFINES` selects the
-/// checkpointed n <= 6 backward (`SINKHORN_BWD_CKPT=1`, `SINKHORN_BWD_CKPT_PAIRS`, default
-/// 2, as kernels/sinkhorn/bwd.cu); None for the default kernel (a tape entry per step).
-fn backward_ckpt_pairs() -> Option<usize> {
-    use crate::runtime::extra_define;
-    (extra_define("SINKHORN_BWD_CKPT") == Some("1")).then(|| extra_define("SINKHORN_BWD_CKPT_PAIRS").map_or(2, |v| v.parse().unwrap_or(2)))
+/// `(row, column)` pairs per checkpoint of the n <= 6 backward (`SINKHORN_BWD_CKPT_PAIRS`
+/// in kernels/sinkhorn/bwd.cu): 3, or 2 at n = 6 where 3 spills (255 registers).
+fn backward_ckpt_pairs(n: usize) -> usize {
+    if n >= 6 { 2 } else { 3 }
 }
 
-/// Shared-memory bytes the backward needs per thread (one matrix): n doubles per step,
-/// or with checkpoints (n <= 6) 2n doubles per group of `pairs` (row, column) pairs.
-fn backward_bytes_per_thread(n: usize, repeat: usize, ckpt_pairs: Option<usize>) -> usize {
-    match ckpt_pairs {
-        Some(pairs) if n <= 6 => 8 * 2 * n * (repeat - 1).div_ceil(pairs.max(1)),
-        _ => 8 * ((2 * repeat - 1) * n + if n >= 7 { n * n } else { 0 }),
+/// Shared-memory bytes the backward needs per thread (one matrix): for n <= 6 a
+/// checkpoint of 2n doubles per group of `backward_ckpt_pairs` (row, column) pairs; for
+/// n >= 7 n doubles per step and the n*n matrix.
+fn backward_bytes_per_thread(n: usize, repeat: usize) -> usize {
+    if n <= 6 {
+        8 * 2 * n * (repeat - 1).div_ceil(backward_ckpt_pairs(n))
+    } else {
+        8 * ((2 * repeat - 1) * n + n * n)
     }
 }
 
@@ -147,7 +146,7 @@ fn backward_bytes_per_thread(n: usize, repeat: usize, ckpt_pairs: Option<usize>)
 /// to 32 threads) of which four fit an SM's shared memory; else 32 threads if that fits the
 /// per-block limit; None when even 32 threads exceed it.
 pub fn backward_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
-    let per_thread = backward_bytes_per_thread(n, repeat, backward_ckpt_pairs());
+    let per_thread = backward_bytes_per_thread(n, repeat);
     let props = gpu.props();
     // Each resident block also costs 1 KiB of shared memory reserved by the driver.
     let budget = (props.max_shared_per_sm as usize / 4).saturating_sub(1024).min(props.max_shared_per_block_optin as usize);
@@ -169,18 +168,19 @@ pub fn backward(gpu: &Gpu, a: &SinkhornArgs, dout: &TensorView, dx: &mut TensorV
         return Err(Error::Unavailable {
             backend: "cuda".into(),
             op: "sinkhorn_normalize_backward",
-            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix; 32 matrices exceed the device's {} bytes of shared memory per block", a.repeat, backward_bytes_per_thread(n, a.repeat, backward_ckpt_pairs()), gpu.props().max_shared_per_block_optin),
+            reason: format!("repeat = {} with n = {n} needs {} bytes of on-chip tape per matrix; 32 matrices exceed the device's {} bytes of shared memory per block", a.repeat, backward_bytes_per_thread(n, a.repeat), gpu.props().max_shared_per_block_optin),
         });
     };
-    let k = gpu.kernel("sinkhorn/bwd.cu", "sinkhorn_bwd", &defines(n, &a.x, dx, Some(dout)))?;
+    let [dn, dv, dd] = defines(n, &a.x, dx, Some(dout));
+    let k = gpu.kernel("sinkhorn/bwd.cu", "sinkhorn_bwd", &[dn, dv, dd, ("SINKHORN_BWD_CKPT_PAIRS", backward_ckpt_pairs(n).to_string())])?;
     let p = SinkhornParams { x: a.x.address(), dout: dout.address(), out: dx.address(), x_layout: layout(&a.x)?, dout_layout: layout(dout)?, matrices: m as i64, repeat: a.repeat as i32, eps: a.eps };
     // SAFETY: `x` and `dout` are validated `[..., n, n]` f32 views of one shape whose
     // layouts reach only their own elements (float4 reads only of one that is contiguous
     // and 16-byte aligned, vector_ok); `dx` is contiguous f32 of that shape; one thread
     // per matrix, threads past M return; the dynamic shared memory is what the kernel
-    // indexes ((2*repeat-1)*n doubles per thread, plus n*n for n >= 7; 2n per checkpoint
-    // with SINKHORN_BWD_CKPT=1, which backward_ckpt_pairs reads from the same defines the
-    // kernel was built with), within the device limit (backward_block).
+    // indexes (n <= 6: 2n doubles per checkpoint of the SINKHORN_BWD_CKPT_PAIRS it was
+    // built with, the same backward_ckpt_pairs; n >= 7: (2*repeat-1)*n + n*n doubles per
+    // thread), within the device limit (backward_block).
     unsafe { k.launch([blocks(m, threads), 1, 1], [threads as u32, 1, 1], smem as u32, &p) }
 }
 
@@ -209,14 +209,14 @@ mod tests {
 
     #[test]
     fn backward_tape_bytes() {
-        assert_eq!(backward_bytes_per_thread(4, 20, None), 1248);
-        assert_eq!(backward_bytes_per_thread(8, 20, None), 8 * (39 * 8 + 64));
-        // Checkpoints: ceil((repeat - 1) / pairs) groups of 2n doubles; n >= 7 unchanged.
-        assert_eq!(backward_bytes_per_thread(4, 20, Some(2)), 640);
-        assert_eq!(backward_bytes_per_thread(4, 21, Some(2)), 640);
-        assert_eq!(backward_bytes_per_thread(4, 1, Some(2)), 0);
-        assert_eq!(backward_bytes_per_thread(1, 2, Some(2)), 16);
-        assert_eq!(backward_bytes_per_thread(6, 20, Some(3)), 8 * 12 * 7);
-        assert_eq!(backward_bytes_per_thread(8, 20, Some(2)), backward_bytes_per_thread(8, 20, None));
+        // n <= 6: ceil((repeat - 1) / pairs) checkpoints of 2n doubles (pairs 3, 2 at n = 6).
+        assert_eq!(backward_bytes_per_thread(4, 20), 448);
+        assert_eq!(backward_bytes_per_thread(4, 21), 448);
+        assert_eq!(backward_bytes_per_thread(4, 22), 8 * 8 * 7);
+        assert_eq!(backward_bytes_per_thread(4, 1), 0);
+        assert_eq!(backward_bytes_per_thread(1, 2), 16);
+        assert_eq!(backward_bytes_per_thread(6, 20), 8 * 12 * 10);
+        // n >= 7: n doubles per step and the matrix.
+        assert_eq!(backward_bytes_per_thread(8, 20), 8 * (39 * 8 + 64));
     }
 }

@@ -13,7 +13,8 @@
 //   dkv_tile = G^T q     [64 slots x D],        K = H    m64n64k16 SS per 64 columns
 //                                                        (G^T K-major, q N-major)
 // dkv_tile goes to global memory from the accumulators (shuffles within a quad so that each
-// lane holds 4 columns of one slot row: one red.global.add.v4.f32 each, IDX_BWD_FLUSH_QUADS); dq (bf16) and dw
+// lane holds 4 columns of one slot row, a warp's reduction covering 8 slot rows x 64 B: one
+// red.global.add.v4.f32 each; on the H200 0.4 % faster than lane pairs' 16 rows x 32 B); dq (bf16) and dw
 // of a query are written once, from the registers. Every wgmma form here is one the
 // attention kernels use and hopper_probe.cu checks: S = Q K^T (A), dq += dS K (dq, A from
 // the accumulator layout), dKV = dS^T Q with dS^T stored by stmatrix .trans (dkv_tile).
@@ -22,7 +23,6 @@
 // dsv4-test-defines: IDX_H=17 IDX_D=40
 // dsv4-test-defines: IDX_H=1 IDX_D=64
 // dsv4-test-defines: IDX_H=33 IDX_D=128
-// dsv4-test-defines: IDX_H=64 IDX_D=128 IDX_BWD_FLUSH_QUADS=0
 //
 // CTA: a persistent grid (at most one CTA per SM); CTA x takes the query rows x, x + G,
 // x + 2G, ... (G = gridDim.x; rows of all batches, row = b * S + s), alternately to its two
@@ -68,13 +68,6 @@
 #include "indexer/mma.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
-
-// The dkv flush layout: 1 (default) quads, a warp's reduction instruction covers 8 slot
-// rows x 64 B (four shuffles a vector); 0 lane pairs, 16 rows x 32 B (two shuffles). The
-// attention backward's quads cut its atomic time by 7 % on the H200 (docs/perf.md v8).
-#ifndef IDX_BWD_FLUSH_QUADS
-#define IDX_BWD_FLUSH_QUADS 1
-#endif
 
 #ifndef IDX_H
 #define IDX_H 64
@@ -299,9 +292,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
     const int g8 = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g8, r1 = r0 + 8;  // this thread's heads (A, dq) and slots (dkv)
     const bool odd = (c4 & 1) != 0;
-#if !IDX_BWD_FLUSH_QUADS
-    const int frow = odd ? r1 : r0;              // this thread's slot row in the dkv flush (lane pairs)
-#endif
     u64* bb = reinterpret_cast<u64*>(smem + OFF_BAR) + c * NBAR;
     const u32 cbase = base + c * C_BYTES;
     const int* keys_s = reinterpret_cast<const int*>(smem + OFF_KEYS) + c * NST * BN;
@@ -343,11 +333,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 named_sync(1 + c, 128);
                 continue;
             }
-#if IDX_BWD_FLUSH_QUADS
             const int fkey0 = keys[r0], fkey1 = keys[r1];  // read before the stage is freed
-#else
-            const int fkey = keys[frow];  // read before the stage is freed
-#endif
 
             // ---- A = q kv^T [heads x slots], K = D -------------------------------------------
             float acc[32];
@@ -406,14 +392,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
 
             // ---- dkv_tile = G^T q (M = slots, K = heads; G^T K-major, q N-major), one 64-column
             //      chunk (q's SW128 group dc) at a time, each added to dkv[key] from the
-            //      registers: lane pairs (c4, c4 ^ 1) swap halves so that the even lane adds 4
-            //      columns of slot r0, the odd one of slot r1 (masked slots: nothing).
-#if IDX_BWD_FLUSH_QUADS
+            //      registers: each lane adds 4 columns of slots r0 and r1 (masked slots:
+            //      nothing), the quad's lanes 64 consecutive bytes of one slot row.
             float* const dst0 = dkv_b + static_cast<i64>(max(fkey0, 0)) * D + 4 * (c4 & 1);
             float* const dst1 = dkv_b + static_cast<i64>(max(fkey1, 0)) * D + 4 * (c4 & 1);
-#else
-            float* const dst_row = dkv_b + static_cast<i64>(max(fkey, 0)) * D + (c4 & 2) * 2;
-#endif
 #pragma unroll
             for (int dc = 0; dc < DG; ++dc) {
                 float dk[32];  // dkv_tile[slot r0 / r1][64 dc + 8 j + 2 c4 + (0, 1)]
@@ -431,7 +413,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 fence_regs(dk);
                 // (Every accumulator is read, the zero columns past D too: ptxas serialises
                 // the products when some of them are left unread.)
-#if IDX_BWD_FLUSH_QUADS
                 // Quads: per 16 columns (j = 2m, 2m + 1) and slot row rr, lane c4 adds columns
                 // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes
                 // a = 2 (c4 & 1) and a + 1 at j = 2m + hi: in round 0 lane c4 reads lane
@@ -462,17 +443,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                         }
                     }
                 }
-#else
-                // Lane pairs: the even lane adds 4 columns of slot r0, the odd one of slot r1.
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float s0 = odd ? dk[4 * j + 0] : dk[4 * j + 2], s1 = odd ? dk[4 * j + 1] : dk[4 * j + 3];
-                    const float x0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 1), x1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 1);
-                    const float v0 = odd ? x0 : dk[4 * j + 0], v1 = odd ? x1 : dk[4 * j + 1];
-                    const float v2 = odd ? dk[4 * j + 2] : x0, v3 = odd ? dk[4 * j + 3] : x1;
-                    if (fkey >= 0 && 8 * dc + j < DCH) red_add_v4(dst_row + 64 * dc + 8 * j, v0, v1, v2, v3);
-                }
-#endif
             }
         }
         // Every product of the row is done (waited above): q's buffer is free.

@@ -5,28 +5,31 @@
 // f32 stage, the softmax included, misses the per-row 1e-5 bound:
 // scripts/sinkhorn_bwd_emulate.py).
 //
-// One thread per matrix. Recompute the forward from x (f64), storing only n numbers per
-// step in shared memory, laid out [step][e][thread] (consecutive threads, consecutive
+// One thread per matrix. Recompute the forward from x (f64), storing a few numbers per
+// step in shared memory, laid out [entry][thread] (consecutive threads, consecutive
 // 8-byte words: conflict-free), then walk the steps in reverse. Two kernels by n:
 //
 // n <= 6: scaled-gradient sweep. The forward runs on scale factors,
 //   y = diag(a) K diag(b) with K = softmax + eps, keeping alpha = 1/a and beta = 1/b:
 //     rows: alpha_i = sum_j K_ij b_j + eps alpha_i (= den_i / a_i), a_i = 1 / alpha_i
-//   and the tape holds the factor each step sets. The reverse walks gt = dL/dy * (a b^T)
-//   (= h / K with h = y * dL/dy), for which a step's reverse has no division:
+//   The reverse walks gt = dL/dy * (a b^T) (= h / K with h = y * dL/dy), for which a
+//   step's reverse has no division:
 //     rows:  H_i = sum_j K_ij gt_ij,  gt -= (a * H) b^T
 //     cols:  C_j = sum_i K_ij gt_ij,  gt -= a (b * C)^T
 //   gt starts as dout * (a b^T) and ends as dL/dy0 (a = b = 1 before step 0). Per step
 //   ~64 f64 instructions and 4 MUFU.RCP64H at n = 4. Reciprocals: one Newton step (error
 //   ~1e-12; the result moves by ~1e-9 of the row scale).
-//   SINKHORN_BWD_CKPT=1 (untimed variant): the tape holds a checkpoint of the forward
-//   state (al, be: all a row and a column step read besides K) before every
-//   SINKHORN_BWD_CKPT_PAIRS (row, column) pairs instead of every step's factor; the
-//   reverse recomputes a group's factors from its checkpoint into registers with the
-//   forward's own operations (bitwise the same factors, so the same result) and reverses
-//   the group from them: 2n doubles per group, (repeat-1)/P groups rounded up (n = 4,
-//   repeat 20, P = 2: 640 bytes a thread instead of 1248), one more forward step per
-//   reversed step. scripts/sinkhorn_bwd_ckpt_emulate.py checks the indexing.
+//   Checkpoints: the tape holds the forward state (al, be: all a row and a column step
+//   read besides K) before every SINKHORN_BWD_CKPT_PAIRS = P (row, column) pairs, 2n
+//   doubles per group, ceil((repeat-1)/P) groups; the reverse recomputes a group's factors
+//   from its checkpoint into registers with the forward's own operations (bitwise the
+//   same factors) and reverses the group from them: one more forward step per reversed
+//   step, for a tape about P times smaller than a factor per step (n = 4, repeat 20,
+//   P = 3: 448 bytes a thread instead of 1248), so 128-thread blocks and about 3x the
+//   warps an SM. The launcher picks P (3 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
+//   On the H200 (n = 4, repeat 20) the per-step tape took 0.0335 / 0.3926 ms at 65,536 /
+//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf.md v8).
+//   scripts/sinkhorn_bwd_ckpt_emulate.py checks the indexing (bitwise equal factors).
 //
 // n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
 // memory too ([e][thread], after the tape): v and g together would not fit in registers.
@@ -44,23 +47,19 @@
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT=1
-// dsv4-test-defines: SINKHORN_N=6 SINKHORN_BWD_CKPT=1
-// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT=1
-// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT=1
-// dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT_PAIRS=3
+// dsv4-test-defines: SINKHORN_N=6 SINKHORN_BWD_CKPT_PAIRS=2
+// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT_PAIRS=3
+// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT_PAIRS=3
+// dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT_PAIRS=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
-// 1: the n <= 6 kernel checkpoints the forward every SINKHORN_BWD_CKPT_PAIRS (row,
-// column) pairs and recomputes in the reverse (the launcher sizes the tape to match,
-// src/sinkhorn.rs backward_bytes_per_thread). 0: a tape entry per step.
-#ifndef SINKHORN_BWD_CKPT
-#define SINKHORN_BWD_CKPT 0
-#endif
+// (Row, column) pairs per checkpoint of the n <= 6 kernel, set by the launcher
+// (src/sinkhorn.rs backward_ckpt_pairs, which also sizes the tape).
 #ifndef SINKHORN_BWD_CKPT_PAIRS
-#define SINKHORN_BWD_CKPT_PAIRS 2
+#define SINKHORN_BWD_CKPT_PAIRS 3
 #endif
 #if SINKHORN_BWD_CKPT_PAIRS < 1
 #error "SINKHORN_BWD_CKPT_PAIRS must be >= 1"
@@ -101,21 +100,6 @@ __device__ __forceinline__ double rcp(double d) {
     return fma(r, fma(-d, r, 1.0), r);
 }
 
-// Forward step on the factors: rows (ROWS) al_i = sum_j K_ij b_j + eps al_i, a_i = 1/al_i;
-// columns alike with (b, be) from a. The new factors go to tape[e*T].
-template <bool ROWS>
-__device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&f)[N], double (&inv_f)[N], const double (&other)[N], double eps, double* tape, int T) {
-#pragma unroll
-    for (int e = 0; e < N; ++e) {
-        double s = eps * inv_f[e];
-#pragma unroll
-        for (int k = 0; k < N; ++k) s = fma(K[at<ROWS>(e, k)], other[k], s);
-        inv_f[e] = s;
-        f[e] = rcp(s);
-        tape[e * T] = f[e];
-    }
-}
-
 // Reverse of a step with factors (a, b) after it: S_e = sum_k K gt along the axis;
 // rows: gt_ij -= (a_i S_i) b_j; columns: gt_ij -= a_i (b_j S_j).
 template <bool ROWS>
@@ -131,15 +115,10 @@ __device__ __forceinline__ void scaled_bwd_step(const double (&K)[NN], double (&
     }
 }
 
-__device__ __forceinline__ void load_factors(double (&f)[N], const double* tape, int T) {
-#pragma unroll
-    for (int e = 0; e < N; ++e) f[e] = tape[e * T];
-}
-
-#if SINKHORN_BWD_CKPT
-// scaled_fwd_step without the tape store: the same operations in the same order.
+// Forward step on the factors: rows (ROWS) al_i = sum_j K_ij b_j + eps al_i, a_i = 1/al_i;
+// columns alike with (b, be) from a.
 template <bool ROWS>
-__device__ __forceinline__ void scaled_fwd_step_regs(const double (&K)[NN], double (&f)[N], double (&inv_f)[N], const double (&other)[N], double eps) {
+__device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&f)[N], double (&inv_f)[N], const double (&other)[N], double eps) {
 #pragma unroll
     for (int e = 0; e < N; ++e) {
         double s = eps * inv_f[e];
@@ -163,11 +142,12 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     const double eps = (double)p.eps;
     double K[NN];
     softmax_eps_f64(p, m, eps, [&](int e) -> double& { return K[e]; });
-    // Forward, as the default kernel but storing (al, be) before every P pairs.
+    // Forward: step 0 (columns), then (rows, columns) repeat - 1 times, storing (al, be)
+    // before every P pairs.
     double a[N], b[N], al[N], be[N];
 #pragma unroll
     for (int e = 0; e < N; ++e) a[e] = 1.0, b[e] = 1.0, al[e] = 1.0, be[e] = 1.0;
-    scaled_fwd_step_regs<false>(K, b, be, a, eps);
+    scaled_fwd_step<false>(K, b, be, a, eps);
     for (int r = 1, g = 0; r < p.repeat; ++g) {
         double* c = tape + g * ckpt;
 #pragma unroll
@@ -175,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
 #pragma unroll
         for (int q = 0; q < P; ++q, ++r) {
             if (r < p.repeat) {
-                scaled_fwd_step_regs<true>(K, a, al, b, eps);
-                scaled_fwd_step_regs<false>(K, b, be, a, eps);
+                scaled_fwd_step<true>(K, a, al, b, eps);
+                scaled_fwd_step<false>(K, b, be, a, eps);
             }
         }
     }
@@ -202,8 +182,8 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
 #pragma unroll
         for (int q = 0; q < P; ++q) {
             if (q < pairs) {
-                scaled_fwd_step_regs<true>(K, A[q], al, q ? B[q - 1] : b, eps);
-                scaled_fwd_step_regs<false>(K, B[q], be, A[q], eps);
+                scaled_fwd_step<true>(K, A[q], al, q ? B[q - 1] : b, eps);
+                scaled_fwd_step<false>(K, B[q], be, A[q], eps);
             }
         }
 #pragma unroll
@@ -217,53 +197,6 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
 #pragma unroll
     for (int e = 0; e < N; ++e) a[e] = 1.0;
     scaled_bwd_step<false>(K, gt, a, b);  // step 0: a = 1, b = the b it set
-#else  // the tape kernel
-extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
-    extern __shared__ double smem[];  // tape [2*repeat-1][N][T]: the factor set by each step
-    const int T = blockDim.x, t = threadIdx.x;
-    const i64 m = (i64)blockIdx.x * T + t;
-    if (m >= p.matrices) return;  // no block-wide synchronisation below
-    double* tape = smem + t;
-    const i64 step = (i64)N * T;  // one step's slice of the tape
-    const double eps = (double)p.eps;
-    // K = softmax(x) + eps, in f64.
-    double K[NN];
-    softmax_eps_f64(p, m, eps, [&](int e) -> double& { return K[e]; });
-    // Forward: step 0 (columns), then (rows, columns) repeat - 1 times; tape[k] = the
-    // factor step k set (b for columns, a for rows).
-    double a[N], b[N], al[N], be[N];
-#pragma unroll
-    for (int e = 0; e < N; ++e) a[e] = 1.0, b[e] = 1.0, al[e] = 1.0, be[e] = 1.0;
-    scaled_fwd_step<false>(K, b, be, a, eps, tape, T);
-    for (int r = 1; r < p.repeat; ++r) {
-        scaled_fwd_step<true>(K, a, al, b, eps, tape + (2 * r - 1) * step, T);
-        scaled_fwd_step<false>(K, b, be, a, eps, tape + (2 * r) * step, T);
-    }
-    // gt = dout * (a b^T) with the final factors.
-    double gt[NN];
-    {
-        float d[NN];
-        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-#pragma unroll
-            for (int j = 0; j < N; ++j) gt[i * N + j] = (double)d[i * N + j] * a[i] * b[j];
-    }
-    // Reverse: column step 2r has factors (a of step 2r-1, b of step 2r), row step 2r-1
-    // (a of step 2r-1, b of step 2r-2); (a, b) in registers enter as the last step's.
-    for (int r = p.repeat - 1; r >= 1; --r) {
-        scaled_bwd_step<false>(K, gt, a, b);
-        load_factors(b, tape + (2 * r - 2) * step, T);
-        scaled_bwd_step<true>(K, gt, a, b);
-        if (r >= 2) {
-            load_factors(a, tape + (2 * r - 3) * step, T);
-        } else {
-#pragma unroll
-            for (int e = 0; e < N; ++e) a[e] = 1.0;
-        }
-    }
-    scaled_bwd_step<false>(K, gt, a, b);  // step 0: a = 1, b = tape[0]
-#endif  // SINKHORN_BWD_CKPT; both kernels end here
     // Softmax over each row: dx = z * (g - <g, z>), z = K - eps, g = gt.
     float dx[NN];
 #pragma unroll
