@@ -37,6 +37,7 @@
 // stages the bf16 output tile at the end (16-byte stores).
 //
 // dsv4-archs: sm_90a
+// dsv4-test-defines: DSV4_SA90_DIAG=5
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -52,11 +53,14 @@ using dsv4::sa::kLog2e;
 using dsv4::sa::neg_inf;
 using dsv4::sa::slot_key;
 
-// Diagnostics for the bench only (results are wrong; default 0): DSV4_SA90_DIAG=1 the
-// producer issues no K/V copies (its arrivals still complete every hand-off): the time of
-// the consumers alone. =2 the consumers issue no wgmma (the softmax runs on stale
-// registers): the time of the producer's gather alone. Against the default they say
-// whether the pipeline overlaps the two (time = max) or serialises them (time = sum).
+// Diagnostics for the bench only (results are wrong; default 0), a bit mask:
+// DSV4_SA90_DIAG & 1: the producer issues no K/V copies (its arrivals still complete every
+// hand-off): the time of the consumers alone (v8: 2.76 ms at S=16384 vs 3.56).
+// & 2: the consumers issue no wgmma (the softmax runs on stale registers): the time of the
+// producer's gather alone (v8: 2.77 ms).
+// & 4: the consumers skip the softmax arithmetic (no scale, mask, maxima, exp2, sums or
+// rescales: P = S as bf16, every barrier, store and hand-off kept): what that work costs
+// on the consumers' critical path; 5 = 1 + 4: the products and the hand-offs alone.
 #ifndef DSV4_SA90_DIAG
 #define DSV4_SA90_DIAG 0
 #endif
@@ -165,7 +169,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), hh > 0 || k > 0);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), hh > 0 || k > 0);
         }
         wgmma_commit();
     };
@@ -191,7 +195,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
         float pm0 = neg_inf(), pm1 = neg_inf();
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
+        for (int jj = 0; jj < 8 && (DSV4_SA90_DIAG & 4) == 0; ++jj) {
             const int col = 8 * (jj % 4) + 2 * c4;
             const u32 valid = jj < 4 ? valid_lo : valid_hi;
             const bool v0 = (valid >> col) & 1, v1 = (valid >> (col + 1)) & 1;
@@ -214,8 +218,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             pm0 = fmaxf(pm0, max_s[r0]);
             pm1 = fmaxf(pm1, max_s[r1]);
         }
-        const float mn0 = fmaxf(m0, pm0), mn1 = fmaxf(m1, pm1);
-        const float al0 = sa90::exp2_p(m0 - mn0), al1 = sa90::exp2_p(m1 - mn1);
+        const float mn0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mn1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
+        const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mn0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
         if (c4 == 0) {
@@ -229,12 +233,14 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
-            sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mn0);
-            sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mn0);
-            sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mn1);
-            sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mn1);
-            ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
-            ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
+            if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
+                sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mn0);
+                sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mn0);
+                sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mn1);
+                sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mn1);
+                ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
+                ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
+            }
             pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0], sc[4 * jj + 1]);
             pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(sc[4 * jj + 2], sc[4 * jj + 3]);
         }
@@ -264,7 +270,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
         wgmma_commit();
 
         if constexpr (cw == 0) {
@@ -305,7 +311,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            if constexpr (DSV4_SA90_DIAG != 2) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
         wgmma_commit();
         // The next S, as two halves around the frees that let the producer refill the other
         // consumer's buffer (each consumer's next S needs both halves of its buffer, and the
@@ -449,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
 #pragma unroll
                     for (int gg = 0; gg < 4; ++gg)
-                        if constexpr (DSV4_SA90_DIAG != 1) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
                 }
                 sa90::producer_handoff(ready_bar + buf * 2 + half);
             }
