@@ -118,6 +118,20 @@ struct ConsumerCtx {
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
 // every buffer / half / descriptor choice folds away): its block of each pair is buffer CW,
 // its columns of O [256 CW, 256 CW + 256).
+// O's rows r0 / r1 (o[i + 0, 1] / o[i + 2, 3], the layout of wgmma.cuh) times f0 / f1,
+// skipped when no lane of the warp has a factor other than 1.
+__device__ __forceinline__ void rescale_o(float (&o)[128], float f0, float f1) {
+    if (__any_sync(DSV4_FULL_MASK, f0 != 1.0f || f1 != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 128; i += 4) {
+            o[i + 0] *= f0;
+            o[i + 1] *= f0;
+            o[i + 2] *= f1;
+            o[i + 3] *= f1;
+        }
+    }
+}
+
 template <int CW>
 __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const ConsumerCtx& x) {
     constexpr int cw = CW;
@@ -246,15 +260,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         }
         l0 = l0 * al0 + ps0;
         l1 = l1 * al1 + ps1;
-        if (__any_sync(DSV4_FULL_MASK, al0 != 1.0f || al1 != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < 128; i += 4) {
-                o[i + 0] *= al0;
-                o[i + 1] *= al0;
-                o[i + 2] *= al1;
-                o[i + 3] *= al1;
-            }
-        }
+        rescale_o(o, al0, al1);
         if constexpr (cw == 1) {
             // P1 is already at the pair's max: to shared memory for consumer 0 at once.
 #pragma unroll
@@ -291,15 +297,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             wgmma_wait<0>();  // P0 V0_L (the rescale below touches O)
             fence_regs(o);
             mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
-            if (__any_sync(DSV4_FULL_MASK, f0 != 1.0f || f1 != 1.0f)) {
-#pragma unroll
-                for (int i = 0; i < 128; i += 4) {
-                    o[i + 0] *= f0;
-                    o[i + 1] *= f0;
-                    o[i + 2] *= f1;
-                    o[i + 3] *= f1;
-                }
-            }
+            rescale_o(o, f0, f1);
             named_sync(kBarP1, 256);
         } else {
             named_sync(kBarP0, 256);
