@@ -182,7 +182,8 @@ fn indexer_inputs(rng: &mut Rng, s: usize) -> Result<[Tensor; 3]> {
     ])
 }
 
-fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
+/// `topk_scores_only`: only the top-k scores rows (fwd+bwd, fwd, bwd), for variant sweeps.
+fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize, topk_scores_only: bool) -> Result<()> {
     let (b, h, d, r, k) = (1, 64, 128, 4, 512);
     let p = s / r;
     let st = Staged { device: DEV };
@@ -190,24 +191,26 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize) -> Result<()> {
     let a = IndexerArgs::new(q.view(), kv.view(), w.view(), (d as f32).powf(-0.5), r);
     let shape = format!("B={b} S={s} H={h} D={d} P={p} k={k}");
     let flops = 2.0 * (h * d) as f64 * visible_pairs(s, p, r) * b as f64;
-    let mut scores = bn.gpu.alloc(DType::F32, &[b, s, p])?;
-    let ms = bn.time(|| indexer::indexer_scores_into(CUDA, &a, &mut scores.view_mut()))?;
-    bn.flops("indexer scores", &shape, ms, flops, "materialised [B,S,P]");
-    let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
-    bn.flops("indexer scores+top-k", &shape, ms, flops, "the default path (lightning_indexer)");
-    let mut sel_idx = bn.gpu.alloc(DType::I32, &[b, s, k])?;
-    let mut sel_val = bn.gpu.alloc(DType::F32, &[b, s, k])?;
-    // The fused Hopper kernel (scores and selection in one launch; not the default on
-    // Hopper since the chunked path below measured faster).
-    if dsv4_cuda::indexer::hopper_scores_supported(bn.gpu, h, d) {
-        let ms = bn.time(|| dsv4_cuda::indexer::fused_topk_with(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), dsv4_cuda::indexer::ScoresPath::Hopper))?;
-        bn.flops("indexer scores+top-k fused sm90", &shape, ms, flops, "one launch, rows of scores in L2");
-    }
-    // The bounded-scratch path (dense scores of a block of queries, then topk.cu): one
-    // scratch for all rows (the Hopper default), and an L2-sized one (32 MiB).
-    for (scratch, label) in [(dsv4_cuda::indexer::FUSED_SCRATCH_BYTES, "indexer scores+top-k chunked 256M"), (32 << 20, "indexer scores+top-k chunked 32M")] {
-        let ms = bn.time(|| dsv4_cuda::indexer::chunked_topk(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), scratch))?;
-        bn.flops(label, &shape, ms, flops, "scores then topk.cu, block after block");
+    if !topk_scores_only {
+        let mut scores = bn.gpu.alloc(DType::F32, &[b, s, p])?;
+        let ms = bn.time(|| indexer::indexer_scores_into(CUDA, &a, &mut scores.view_mut()))?;
+        bn.flops("indexer scores", &shape, ms, flops, "materialised [B,S,P]");
+        let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
+        bn.flops("indexer scores+top-k", &shape, ms, flops, "the default path (lightning_indexer)");
+        let mut sel_idx = bn.gpu.alloc(DType::I32, &[b, s, k])?;
+        let mut sel_val = bn.gpu.alloc(DType::F32, &[b, s, k])?;
+        // The fused Hopper kernel (scores and selection in one launch; not the default on
+        // Hopper since the chunked path below measured faster).
+        if dsv4_cuda::indexer::hopper_scores_supported(bn.gpu, h, d) {
+            let ms = bn.time(|| dsv4_cuda::indexer::fused_topk_with(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), dsv4_cuda::indexer::ScoresPath::Hopper))?;
+            bn.flops("indexer scores+top-k fused sm90", &shape, ms, flops, "one launch, rows of scores in L2");
+        }
+        // The bounded-scratch path (dense scores of a block of queries, then topk.cu): one
+        // scratch for all rows (the Hopper default), and an L2-sized one (32 MiB).
+        for (scratch, label) in [(dsv4_cuda::indexer::FUSED_SCRATCH_BYTES, "indexer scores+top-k chunked 256M"), (32 << 20, "indexer scores+top-k chunked 32M")] {
+            let ms = bn.time(|| dsv4_cuda::indexer::chunked_topk(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), scratch))?;
+            bn.flops(label, &shape, ms, flops, "scores then topk.cu, block after block");
+        }
     }
     let sel = st.put(&random_selection(rng, b, s, p, r, k), &[b, s, k], DType::I32)?;
     let g = st.put(&rng.vec(b * s * k, -1.0f32, 1.0), &[b, s, k], DType::F32)?;
@@ -350,10 +353,13 @@ pub fn main(args: &[String]) -> Result<bool> {
         ran = true;
     }
     if all || what == "indexer" {
+        let topk_scores_only = args.iter().any(|a| a == "--topk-scores-only");
         for s in [4096, 16384] {
-            bench_indexer(&mut bn, &mut rng, s)?;
+            bench_indexer(&mut bn, &mut rng, s, topk_scores_only)?;
         }
-        bench_indexer_memory(&mut bn, &mut rng)?;
+        if !topk_scores_only {
+            bench_indexer_memory(&mut bn, &mut rng)?;
+        }
         ran = true;
     }
     if all || what == "sinkhorn" {

@@ -14,7 +14,9 @@ const USAGE: &str = "usage:
       every operation forward and backward through the backend, judged against an f64
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
   dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
-      GPU timings (CUDA events, medians) against the measured H200 ceilings
+             [--topk-scores-only]
+      GPU timings (CUDA events, medians) against the measured H200 ceilings; --fwd-only:
+      attention forwards only; --topk-scores-only: the indexer's top-k scores rows only
   dsv4 info
       backends and devices this process sees";
 

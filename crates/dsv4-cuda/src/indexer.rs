@@ -457,6 +457,16 @@ impl ScoresTiles {
         }
         let nt = if gather { warp_n_tiles(d).min(2) } else { warp_n_tiles(d) };
         let mut t = ScoresTiles { h, d, bq: if gather { 1 } else { 4 }, bn: 64, nt, gather, fused: None };
+        if gather {
+            // Tuning knob (bench sweeps): `DSV4_EXTRA_DEFINES=IDX_GATHER_BN=..,IDX_GATHER_NT=..`
+            // replaces the gather tile when it is one the kernel takes (NT in 1, 2, 4; BN a
+            // multiple of 8 NT, at most 32 NT so one thread per slot fetches the keys).
+            let knob = |name| crate::runtime::extra_define(name).and_then(|v| v.parse::<usize>().ok());
+            let (bn, nt) = (knob("IDX_GATHER_BN").unwrap_or(t.bn), knob("IDX_GATHER_NT").unwrap_or(t.nt));
+            if matches!(nt, 1 | 2 | 4) && bn % (8 * nt) == 0 && bn <= 32 * nt {
+                (t.bn, t.nt) = (bn, nt);
+            }
+        }
         let limit = gpu.props().max_shared_per_block_optin as usize;
         while t.smem_bytes() > limit && t.bq > 1 {
             t.bq -= 1;

@@ -126,9 +126,17 @@ pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<(
 }
 
 /// `(row, column)` pairs per checkpoint of the n <= 6 backward (`SINKHORN_BWD_CKPT_PAIRS`
-/// in kernels/sinkhorn/bwd.cu): 3, or 2 at n = 6 where 3 spills (255 registers).
+/// in kernels/sinkhorn/bwd.cu): 4 (at n = 4 on the H200 0.0300 / 0.3477 ms at 65,536 / 1M
+/// matrices against 0.0304 / 0.3570 with 3; no spills for n <= 5), or 2 at n = 6 where 3
+/// spills (255 registers). `DSV4_EXTRA_DEFINES=SINKHORN_BWD_CKPT_PAIRS=P` (bench sweeps; the
+/// kernel sees the same define) replaces it for every n <= 6.
 fn backward_ckpt_pairs(n: usize) -> usize {
-    if n >= 6 { 2 } else { 3 }
+    let knob = crate::runtime::extra_define("SINKHORN_BWD_CKPT_PAIRS").and_then(|v| v.parse::<usize>().ok()).filter(|p| (1..=8).contains(p));
+    match knob {
+        Some(p) if n <= 6 => p,
+        _ if n >= 6 => 2,
+        _ => 4,
+    }
 }
 
 /// Shared-memory bytes the backward needs per thread (one matrix): for n <= 6 a
@@ -209,10 +217,10 @@ mod tests {
 
     #[test]
     fn backward_tape_bytes() {
-        // n <= 6: ceil((repeat - 1) / pairs) checkpoints of 2n doubles (pairs 3, 2 at n = 6).
-        assert_eq!(backward_bytes_per_thread(4, 20), 448);
-        assert_eq!(backward_bytes_per_thread(4, 21), 448);
-        assert_eq!(backward_bytes_per_thread(4, 22), 8 * 8 * 7);
+        // n <= 6: ceil((repeat - 1) / pairs) checkpoints of 2n doubles (pairs 4, 2 at n = 6).
+        assert_eq!(backward_bytes_per_thread(4, 20), 320);
+        assert_eq!(backward_bytes_per_thread(4, 21), 320);
+        assert_eq!(backward_bytes_per_thread(4, 22), 8 * 8 * 6);
         assert_eq!(backward_bytes_per_thread(4, 1), 0);
         assert_eq!(backward_bytes_per_thread(1, 2), 16);
         assert_eq!(backward_bytes_per_thread(6, 20), 8 * 12 * 10);

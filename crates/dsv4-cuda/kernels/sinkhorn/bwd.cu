@@ -26,9 +26,10 @@
 //   same factors) and reverses the group from them: one more forward step per reversed
 //   step, for a tape about P times smaller than a factor per step (n = 4, repeat 20,
 //   P = 3: 448 bytes a thread instead of 1248), so 128-thread blocks and about 3x the
-//   warps an SM. The launcher picks P (3 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
+//   warps an SM. The launcher picks P (4 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
 //   On the H200 (n = 4, repeat 20) the per-step tape took 0.0335 / 0.3926 ms at 65,536 /
-//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf.md v8).
+//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf.md v8); P = 4
+//   0.0300 / 0.3477 against P = 3's 0.0304 / 0.3570 in one later run, P = 5 0.0301 / 0.3945 (v9).
 //   scripts/sinkhorn_bwd_ckpt_emulate.py checks the indexing (bitwise equal factors).
 //
 // n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
@@ -47,10 +48,10 @@
 // dsv4-test-defines: SINKHORN_N=7
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT_PAIRS=3
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT_PAIRS=4
 // dsv4-test-defines: SINKHORN_N=6 SINKHORN_BWD_CKPT_PAIRS=2
-// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT_PAIRS=3
-// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT_PAIRS=3
+// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT_PAIRS=4
+// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT_PAIRS=4
 // dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT_PAIRS=1
 #include "sinkhorn/sinkhorn.cuh"
 
@@ -59,7 +60,7 @@ using namespace sinkhorn;
 // (Row, column) pairs per checkpoint of the n <= 6 kernel, set by the launcher
 // (src/sinkhorn.rs backward_ckpt_pairs, which also sizes the tape).
 #ifndef SINKHORN_BWD_CKPT_PAIRS
-#define SINKHORN_BWD_CKPT_PAIRS 3
+#define SINKHORN_BWD_CKPT_PAIRS 4
 #endif
 #if SINKHORN_BWD_CKPT_PAIRS < 1
 #error "SINKHORN_BWD_CKPT_PAIRS must be >= 1"

@@ -38,6 +38,8 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_DIAG=5
+// dsv4-test-defines: SA90_PREFETCH=0
+// dsv4-test-defines: DSV4_SA90_DIAG=8
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -61,8 +63,17 @@ using dsv4::sa::slot_key;
 // & 4: the consumers skip the softmax arithmetic (no scale, mask, maxima, exp2, sums or
 // rescales: P = S as bf16, every barrier, store and hand-off kept): what that work costs
 // on the consumers' critical path; 5 = 1 + 4: the products and the hand-offs alone.
+// & 8: no iterations (Q load, epilogue and the CTA's launch alone).
 #ifndef DSV4_SA90_DIAG
 #define DSV4_SA90_DIAG 0
+#endif
+
+// SA90_PREFETCH=1 (default): the producer first prefetches into L2 the Q tile and slot
+// keys of the row the next CTA on this SM most likely takes (gather_sm90.cuh), so that
+// CTA's pipeline fill reads L2 instead of DRAM: on the H200 3.565 -> 3.361 ms at S=16384,
+// 0.819 -> 0.780 at S=4096 (docs/perf.md v9). 0 leaves it out (to compare).
+#ifndef SA90_PREFETCH
+#define SA90_PREFETCH 1
 #endif
 
 namespace {
@@ -398,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int h0 = blockIdx.y * kHB;
     const int n_slots = sa::row_slots(p.row_len, row, p.T);
-    const int n_iters = (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
+    const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
@@ -415,6 +426,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         regs_dec<40>();
         sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::producer_handoff(q_bar);
+#if SA90_PREFETCH
+        {
+            const i64 next = sa90::next_row_on_sm(row);
+            if (next >= 0) {
+                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
+                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
+                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
+            }
+        }
+#endif
         // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
         // t / 8 + 16 i (i < 4) in the 4 groups of a half.
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);

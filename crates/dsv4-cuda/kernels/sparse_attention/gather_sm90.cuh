@@ -41,6 +41,9 @@ __device__ __forceinline__ float exp2_p(float x) {
 // gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7.)
 __device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 
+// Bring the 128-byte line holding `p` (global memory) into L2; no result, no ordering.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // One 16-byte copy of a Q / dO head tile.
 __device__ __forceinline__ void tile_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 
@@ -50,6 +53,32 @@ constexpr int kGroupBytes = kBN * 128;  // one SW128 group (64 columns) of a blo
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
 constexpr int kTileGroupBytes = 64 * 128;     // one SW128 group of a 64-row head tile
 constexpr int kKeyWriters = 16;               // producer threads that store a block's keys
+
+// The row the next CTA on this SM most likely takes: with one CTA an SM and CTAs launched in
+// row order (blockIdx.x), `local` + the number of SMs; -1 past the launch's rows.
+__device__ __forceinline__ i64 next_row_on_sm(i64 local) {
+    u32 n_sm;
+    asm("mov.u32 %0, %%nsmid;\n" : "=r"(n_sm));
+    return local + n_sm < static_cast<i64>(gridDim.x) ? local + n_sm : -1;
+}
+
+// L2 prefetch of a [64 heads x 512] bf16 tile of one query row (heads h0 + r < H, head
+// stride `sh`, 8 lines a head) by the producer's 128 threads.
+__device__ __forceinline__ void prefetch_head_tile(const bf16* row, i64 sh, int h0, int H, int wtid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int id = wtid + 128 * i, h = id / 8;
+        if (h0 + h < H) prefetch_l2(row + (h0 + h) * sh + (id % 8) * 64);
+    }
+}
+
+// L2 prefetch of a row's first 1024 slot keys (a line per 32 i32 / 16 i64 slots, read as
+// slot_key does at element offset `off`, stride `st`) and of its plan length.
+__device__ __forceinline__ void prefetch_slot_keys(const void* idx, i64 off, i64 st, i32 is_i64, int T, const i32* row_len, i64 row, int wtid) {
+    const int t = wtid * (is_i64 ? 16 : 32);
+    if (t < min(T, kChunk)) prefetch_l2(static_cast<const char*>(idx) + ((off + t * st) << (is_i64 ? 3 : 2)));
+    if (wtid == 0 && row_len) prefetch_l2(row_len + row);
+}
 
 // A [64 heads x 512] bf16 tile of one query row into SW128 groups at `base`: rows h0 + r
 // of `row` (head stride `sh`); heads >= H are zero rows (`any`: a mapped address never read).
