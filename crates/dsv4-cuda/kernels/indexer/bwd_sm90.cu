@@ -101,6 +101,7 @@ constexpr int NST = 3;                // ring stages per consumer
 constexpr int NCONS = 2;              // consumer warpgroups
 constexpr int NTHREADS = 128 * (1 + NCONS);
 constexpr int HALF = 64;              // producer threads per consumer
+static_assert(HALF % (8 * DG) == 0, "a producer half copies whole rows of a tile");
 constexpr int GROUP = 64 * 128;       // one SW128 group of a 64-row tile
 constexpr int TILE = DG * GROUP;      // a q tile or a kv stage
 constexpr int GT_BYTES = 64 * 128;    // G^T [64 slots][64 heads] bf16, one SW128 group
@@ -261,14 +262,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_bwd_sm90(const
                 gs_s[st * BN + ht] = valid ? raw_g * p.scale : 0.0f;
                 mbar_arrive(bb + B_KEYS + st);  // releases the slot table to the consumer
                 named_sync(3 + c, HALF);        // ... and to this half's copies below
-                const u32 dst = cbase + C_KV + st * TILE;
-                const bf16* kv_b = p.kv + b * p.kv_sb;
+                // Thread ht copies chunk ch = ht % CPR of rows ht / CPR + (HALF / CPR) i; the
+                // row-independent address arithmetic once (as scores.cu's gather copies).
+                const int ch = ht % CPR, r0 = ht / CPR;
+                const bool ch_ok = DCH == CPR || ch < DCH;
+                const u32 dst = cbase + C_KV + st * TILE + (ch / 8) * GROUP;
+                const u64 kv_chunk = reinterpret_cast<u64>(p.kv + b * p.kv_sb + min(ch, DCH - 1) * 8);  // + key * row bytes
+                const u64 kv_row_bytes = static_cast<u64>(p.kv_sp) * sizeof(bf16);
 #pragma unroll 4
                 for (int i = 0; i < CPR; ++i) {
-                    const int id = ht + HALF * i, r = id / CPR, ch = id % CPR;
+                    const int r = r0 + (HALF / CPR) * i;
                     const int kr = keys_s[st * BN + r];
-                    const bool ok = kr >= 0 && ch < DCH;
-                    cp_async16_to(dst + (ch / 8) * GROUP + sw128(r, ch % 8), ok ? kv_b + kr * p.kv_sp + ch * 8 : p.kv, ok);
+                    const bool ok = ch_ok && kr >= 0;
+                    const u64 src = kv_chunk + static_cast<u64>(ok ? static_cast<u32>(kr) : 0u) * kv_row_bytes;
+                    cp_async16_to(dst + sw128(r, ch % 8), reinterpret_cast<const void*>(src), ok);
                 }
                 mbar_arrive_after_cp_async(bb + B_READY + st);
                 // The next row's q, once its buffer is free (its previous user, row k - 1, is

@@ -182,7 +182,7 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
     const bool copy_c_ok = DCH == DCH_PAD || copy_c < DCH;
     // The chunk's source address is kv_chunk + key * kv_row_bytes: an unsigned 32 x 64-bit
     // multiply-add (key >= 0 when loaded; row 0's chunk, a mapped address, when not).
-    const u64 kv_chunk = reinterpret_cast<u64>(p.kv + b * p.kv_sb + copy_c * 8);
+    const u64 kv_chunk = reinterpret_cast<u64>(p.kv + b * p.kv_sb + min(copy_c, DCH - 1) * 8);
     const u64 kv_row_bytes = static_cast<u64>(p.kv_sp) * sizeof(bf16);
     auto load_tile = [&](int tile, int buf) {
         if constexpr (ROW_COPIES) {

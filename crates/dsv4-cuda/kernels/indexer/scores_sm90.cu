@@ -200,17 +200,28 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
 
         if (warp == NCONS / 32) {
             // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
+            // Lane l copies 16-byte chunk c = l % DCHP of rows l / DCHP + (32 / DCHP) i; the
+            // row-independent address arithmetic once (the generic loop cost ~37 instructions
+            // a copy in scores.cu's H200 profile, and one warp issues all of a tile's copies).
+            constexpr int RSTEP = 32 / DCHP;
+            static_assert(32 % DCHP == 0 && BM % RSTEP == 0, "a lane copies one chunk of whole rows");
+            const int c = lane % DCHP, r0 = lane / DCHP;
+            const bool c_ok = DCH == DCHP || c < DCH;
+            const u64 kv_chunk = reinterpret_cast<u64>(p.kv + b * p.kv_sb + min(c, DCH - 1) * 8);  // key 0's chunk
+            const u64 row_bytes = static_cast<u64>(p.kv_sp) * sizeof(bf16);
             for (int t = 0; t < n_tiles; ++t) {
                 const u32 g = tiles_done + t;
                 const int st = static_cast<int>(g % ST);
                 mbar_wait(&empty[st], ((g / ST) & 1u) ^ 1u);  // stage free (fresh barrier: passes)
-                const u32 dst = skv_addr + st * SKV_STAGE;
-                for (int e = lane; e < BM * DCHP; e += 32) {
-                    const int c = e % DCHP, row = e / DCHP;
-                    const i64 key = static_cast<i64>(t) * BM + row;
-                    const bool valid = key < n_keys && c < DCH;  // rows past the visible keys: zeros
-                    const bf16* src = valid ? p.kv + b * p.kv_sb + key * p.kv_sp + c * 8 : p.kv;
-                    cp_async16_to(dst + (c / 8) * SKV_GROUP + sw128(row, c % 8), src, valid);
+                const u32 dst = skv_addr + st * SKV_STAGE + (c / 8) * SKV_GROUP;
+                const int rows = static_cast<int>(min(static_cast<i64>(BM), n_keys - static_cast<i64>(t) * BM));  // rows past the visible keys: zeros
+                const u64 tile_src = kv_chunk + static_cast<u64>(t) * BM * row_bytes;  // key t*BM < n_keys: mapped
+#pragma unroll 8
+                for (int i = 0; i < BM / RSTEP; ++i) {
+                    const int row = r0 + RSTEP * i;
+                    const bool valid = c_ok && row < rows;
+                    const u64 src = tile_src + static_cast<u64>(valid ? row : 0) * row_bytes;
+                    cp_async16_to(dst + sw128(row, c % 8), reinterpret_cast<const void*>(src), valid);
                 }
                 cp_async_commit();
                 if (t > 0) {  // the previous tile has landed: publish it

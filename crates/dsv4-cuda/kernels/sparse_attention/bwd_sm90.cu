@@ -11,7 +11,6 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: SA90_BWD_FLUSH_QUADS=0
-// dsv4-test-defines: SA90_PREFETCH=0
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -129,12 +128,6 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 #define SA90_BWD_FLUSH_QUADS 1
 #endif
 
-// SA90_PREFETCH=1 (default): the producer prefetches into L2 what the next CTA on this SM
-// reads first (the forward's measured gain, fwd_sm90.cu); 0 leaves it out (to compare).
-#ifndef SA90_PREFETCH
-#define SA90_PREFETCH 1
-#endif
-
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
@@ -185,22 +178,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::load_head_tile<2>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
         sa90::producer_handoff(qdo_bar);
-#if SA90_PREFETCH
-        {
-            // What the next CTA on this SM reads first: its Q, dO and out tiles (out for delta),
-            // lse and slot keys, into L2 (as the forward does).
-            const i64 next_local = sa90::next_row_on_sm(local);
-            if (next_local >= 0) {
-                const i64 next = static_cast<i64>(p.chunk_base) + next_local;
-                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
-                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
-                sa90::prefetch_head_tile(p.dout + nb * p.do_sb + ns * p.do_ss, p.do_sh, h0, p.H, wtid);
-                sa90::prefetch_head_tile(p.out + nb * p.o_sb + ns * p.o_ss, p.o_sh, h0, p.H, wtid);
-                if (wtid < kHB && h0 + wtid < p.H) sa90::prefetch_l2(p.lse + nb * p.lse_sb + ns * p.lse_ss + (h0 + wtid) * p.lse_sh);
-                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
-            }
-        }
-#endif
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
         sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
         return;
