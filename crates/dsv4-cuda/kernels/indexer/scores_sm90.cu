@@ -8,6 +8,9 @@
 // dsv4-test-defines: IDX_H=16 IDX_D=64
 // dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
 // dsv4-test-defines: IDX_H=32 IDX_D=128
+// dsv4-test-defines: IDX90_SPLIT_N=1
+// dsv4-test-defines: IDX90_SPLIT_N=1 IDX_FUSED=1
+// dsv4-test-defines: IDX90_SPLIT_N=1 IDX_H=33 IDX_D=72
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -80,12 +83,19 @@ constexpr int D = IDX_D;
 static_assert(H >= 1 && H <= 64, "scores_sm90: H <= 64 (N = 4 queries x padded heads <= 256)");
 static_assert(D >= 1 && D <= 128, "scores_sm90: D <= 128 (two SW128 groups)");
 constexpr bool FUSED = IDX_FUSED != 0;
+// IDX90_SPLIT_N=1: the N = 256 product as two N = 128 halves, the first half's head sums
+// overlapping the second half's product (see the consumer); N = 256 (H > 32) only. Default
+// 0 until timed on an H100/H200 (staged in docs/perf.md, "Next GPU session").
+#ifndef IDX90_SPLIT_N
+#define IDX90_SPLIT_N 0
+#endif
 
 constexpr int HPAD = H <= 16 ? 16 : H <= 32 ? 32 : 64;  // heads padded: N = 64, 128 or 256
 constexpr int BQ = 4;                                     // queries per CTA = lanes of a quad
 constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of the CTA
 constexpr int JQ = HPAD / 8;                              // 8-column accumulator blocks per query
 constexpr int NACC = NROWS / 2;                           // accumulator registers a thread
+constexpr bool SPLIT = IDX90_SPLIT_N != 0 && NROWS == 256;
 constexpr int BM = 64;                                    // pooled keys per tile (wgmma M)
 constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 along the head dim
 constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
@@ -120,8 +130,32 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[N / 2], u64 desc_a, u64 
         wgmma_m64n256k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else if constexpr (N == 128) {
         wgmma_m64n128k16_ss<0>(acc, desc_a, desc_b, scale_d);
+    } else if constexpr (N == 32) {  // IDX90_SPLIT_N's halves at N = 64 (never run: the split needs N = 256)
+        wgmma_m64n32k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else {
         wgmma_m64n64k16_ss<0>(acc, desc_a, desc_b, scale_d);
+    }
+}
+
+// lo / hi[q0 + i] = sum over this lane's heads of w[q0 + i][h] * relu(acc[key r | r+8][i, h])
+// for the NQ queries an accumulator of NQ * HPAD columns holds (columns 8j + 2c4, +1 of
+// query j / JQ: heads 8 (j % JQ) + 2c4, +1).
+template <int NQ>
+__device__ __forceinline__ void head_sums(const float (&acc)[NQ * HPAD / 2], const float* sw, int q0, int c4, float (&lo)[BQ], float (&hi)[BQ]) {
+#pragma unroll
+    for (int i = 0; i < NQ; ++i) {
+        const int qi = q0 + i;
+        lo[qi] = 0.0f;
+        hi[qi] = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < JQ; ++jj) {
+            const int j = i * JQ + jj;
+            const float2 wv = *reinterpret_cast<const float2*>(sw + qi * HPAD + 8 * jj + 2 * c4);
+            lo[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 0], 0.0f), lo[qi]);
+            lo[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 1], 0.0f), lo[qi]);
+            hi[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 2], 0.0f), hi[qi]);
+            hi[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 3], 0.0f), hi[qi]);
+        }
     }
 }
 
@@ -244,47 +278,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
             const i64 sq_pos = s0 + c4;
             const i64 vis = q_live ? min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + sq_pos, p.compress_ratio)) : 0;
             float* out_row = !q_live ? nullptr : FUSED ? slot + static_cast<i64>(c4) * p.P : p.out + b * p.out_sb + (sq_pos - p.s_begin) * p.out_ss;
-            float acc[NACC];
-#pragma unroll
-            for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
-            for (int t = 0; t < n_tiles; ++t) {
-                const u32 g = tiles_done + t;
-                const int st = static_cast<int>(g % ST);
-                mbar_wait(&full[st], (g / ST) & 1u);
-                const u32 a_base = skv_addr + st * SKV_STAGE;
-                __syncwarp();
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < KSTEPS; ++ks) {
-                    const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
-                    u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + koff;
-                    asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
-                    const u64 da = sw128_desc(a_lo, 16, 1024);
-                    const u64 db = sw128_desc(b_lo, 16, 1024);
-                    wgmma_tile<NROWS>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(acc);
-                mbar_arrive(&empty[st]);  // this thread's part of the stage is read
-
-                // part[qi][0|1] = sum over this lane's heads of w[qi][h] * relu(acc[key r | r+8][qi, h])
-                float lo[BQ], hi[BQ];
-#pragma unroll
-                for (int qi = 0; qi < BQ; ++qi) {
-                    lo[qi] = 0.0f;
-                    hi[qi] = 0.0f;
-#pragma unroll
-                    for (int jj = 0; jj < JQ; ++jj) {
-                        const int j = qi * JQ + jj;  // columns 8j + 2c4, +1: heads 8jj + 2c4, +1 of query qi
-                        const float2 wv = *reinterpret_cast<const float2*>(sw + qi * HPAD + 8 * jj + 2 * c4);
-                        lo[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 0], 0.0f), lo[qi]);
-                        lo[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 1], 0.0f), lo[qi]);
-                        hi[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 2], 0.0f), hi[qi]);
-                        hi[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 3], 0.0f), hi[qi]);
-                    }
-                }
-                // Reduce-scatter over the quad: lane c4 ends with query c4's sums.
+            // Reduce-scatter over the quad (lane c4 ends with query c4's sums), then lane c4
+            // stores query c4's scores of keys r and r + 8 of tile t.
+            auto store_tile = [&](int t, const float (&lo)[BQ], const float (&hi)[BQ]) {
                 // Step 1 (lanes c4 ^ 2): keep queries {2*b1, 2*b1+1}, send the other two.
                 const bool b1 = (c4 & 2) != 0, b0 = (c4 & 1) != 0;
                 float u_lo[2], u_hi[2];
@@ -307,6 +303,80 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     else if (!FUSED && key_lo < p.P) out_row[key_lo] = neg_inf;
                     if (key_hi < vis) out_row[key_hi] = p.scale * s_hi;
                     else if (!FUSED && key_hi < p.P) out_row[key_hi] = neg_inf;
+                }
+            };
+            if constexpr (SPLIT) {
+                // N = 256 as two products of N = 128, committed as separate groups: queries 0-1
+                // (q rows [0, 128)) into acc_a, queries 2-3 (rows [128, 256)) into acc_b; the
+                // head sums of the first half run while the second half's product is on the
+                // tensor cores (the ncu profile of the single N = 256 product: 21 % of the stall
+                // samples on its wait). Carrying the halves across tiles (the next tile's first
+                // half issued before this tile's second head sums) made ptxas serialize every
+                // product (C7514: it does not follow wgmma groups over the loop's back edge).
+                float acc_a[NACC / 2], acc_b[NACC / 2];
+#pragma unroll
+                for (int i = 0; i < NACC / 2; ++i) acc_a[i] = acc_b[i] = 0.0f;
+                auto wait_full = [&](int t) {
+                    const u32 g = tiles_done + t;
+                    mbar_wait(&full[g % ST], (g / ST) & 1u);
+                    __syncwarp();
+                };
+                auto issue = [&](float (&acc_h)[NACC / 2], int t, int h) {
+                    const u32 a_base = skv_addr + ((tiles_done + t) % ST) * SKV_STAGE;
+                    fence_regs(acc_h);
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < KSTEPS; ++ks) {
+                        const u32 koff = (ks % 4) * 32;
+                        u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + h * (SQ_GROUP / 2) + koff;
+                        asm volatile("" : "+r"(a_lo), "+r"(b_lo));
+                        wgmma_tile<NROWS / 2>(acc_h, sw128_desc(a_lo, 16, 1024), sw128_desc(b_lo, 16, 1024), ks > 0 ? 1 : 0);
+                    }
+                    wgmma_commit();
+                    fence_regs(acc_h);
+                };
+                for (int t = 0; t < n_tiles; ++t) {
+                    float lo[BQ], hi[BQ];
+                    wait_full(t);
+                    issue(acc_a, t, 0);
+                    issue(acc_b, t, 1);
+                    wgmma_wait<1>();  // A(t); B(t) runs on
+                    fence_regs(acc_a);
+                    head_sums<2>(acc_a, sw, 0, c4, lo, hi);
+                    wgmma_wait<0>();
+                    fence_regs(acc_b);
+                    mbar_arrive(&empty[(tiles_done + t) % ST]);  // both halves of tile t read
+                    head_sums<2>(acc_b, sw, 2, c4, lo, hi);
+                    store_tile(t, lo, hi);
+                }
+            } else {
+                float acc[NACC];
+#pragma unroll
+                for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+                for (int t = 0; t < n_tiles; ++t) {
+                    const u32 g = tiles_done + t;
+                    const int st = static_cast<int>(g % ST);
+                    mbar_wait(&full[st], (g / ST) & 1u);
+                    const u32 a_base = skv_addr + st * SKV_STAGE;
+                    __syncwarp();
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < KSTEPS; ++ks) {
+                        const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
+                        u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + koff;
+                        asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
+                        const u64 da = sw128_desc(a_lo, 16, 1024);
+                        const u64 db = sw128_desc(b_lo, 16, 1024);
+                        wgmma_tile<NROWS>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    fence_regs(acc);
+                    mbar_arrive(&empty[st]);  // this thread's part of the stage is read
+
+                    float lo[BQ], hi[BQ];
+                    head_sums<BQ>(acc, sw, 0, c4, lo, hi);
+                    store_tile(t, lo, hi);
                 }
             }
         }
