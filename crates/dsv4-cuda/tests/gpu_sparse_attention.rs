@@ -362,6 +362,34 @@ fn small_hopper_forward_d512() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_forward_many_items() {
+    // More (row, head block) items than an H200 has SMs, of varying lengths (a plan's
+    // compacted rows, masked slots) with empty rows, two head blocks (H = 100): the case
+    // where fwd_sm90.cu's persistent variant (DSV4_EXTRA_DEFINES=SA90_PERSISTENT=1) walks
+    // several items a CTA and carries its ring's phases across them; the one-item grid
+    // checks the same outputs.
+    let gpu = dsv4_cuda::gpu(0).unwrap();
+    println!("hopper forward: {}", dsv4_cuda::sparse_attention::use_hopper_fwd(gpu, 512, false, false));
+    let mut rng = Rng(24);
+    let mut js = Vec::new();
+    let c = Case::small(2, 300, 100, 512, 500, 300);
+    let x = make_inputs(&mut rng, &c);
+    let (rout, rlse) = sparse_attention(BackendName::Reference, &host_args(&x, false)).unwrap();
+    for plan in [false, true] {
+        let cuda_plan = plan.then(|| plan_sparse_indices(BackendName::Cuda, &x.idx_dev.view(), c.k, false).unwrap());
+        let indices = match &cuda_plan {
+            Some(p) => SparseIndices::Plan(p),
+            None => SparseIndices::TopK(x.idx_dev.view()),
+        };
+        let (out, lse) = gpu_forward(&dev_args(&x, indices, false), &c);
+        js.push(jt(&format!("{} plan={plan}: out", c.name()), &out, &rout, Tolerance::Bf16));
+        js.push(jt(&format!("{} plan={plan}: lse", c.name()), &lse, &rlse, LSE_TOL));
+    }
+    check(js);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
 fn small_hopper_backward_d512() {
     // D = 512 (and 480, padded to 512) runs bwd_sm90.cu on an sm_90a device: 64 heads a CTA
     // (H = 1, 3, 17 padded; 100, 128: two head blocks), slot counts around the 32-key block
