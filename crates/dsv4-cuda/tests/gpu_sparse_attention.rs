@@ -347,17 +347,27 @@ fn small_hopper_forward_d512() {
     let c = Case { big_logits: true, sink_scale: 30.0, ..Case::small(1, 3, 64, 512, 100, 150) };
     for plan in [false, true] {
         let x = make_inputs(&mut rng, &c);
+        js.extend(forward_vs_reference(&x, &c, &[plan]));
+    }
+    check(js);
+}
+
+/// The forward on the GPU from the [B,S,T] selection (plan = false) and/or from its cuda
+/// plan (true), each against the reference's out and lse.
+fn forward_vs_reference(x: &Inputs, c: &Case, plans: &[bool]) -> Vec<Judgement> {
+    let (rout, rlse) = sparse_attention(BackendName::Reference, &host_args(x, false)).unwrap();
+    let mut js = Vec::new();
+    for &plan in plans {
         let cuda_plan = plan.then(|| plan_sparse_indices(BackendName::Cuda, &x.idx_dev.view(), c.k, false).unwrap());
         let indices = match &cuda_plan {
             Some(p) => SparseIndices::Plan(p),
             None => SparseIndices::TopK(x.idx_dev.view()),
         };
-        let (out, lse) = gpu_forward(&dev_args(&x, indices, false), &c);
-        let (rout, rlse) = sparse_attention(BackendName::Reference, &host_args(&x, false)).unwrap();
+        let (out, lse) = gpu_forward(&dev_args(x, indices, false), c);
         js.push(jt(&format!("{} plan={plan}: out", c.name()), &out, &rout, Tolerance::Bf16));
         js.push(jt(&format!("{} plan={plan}: lse", c.name()), &lse, &rlse, LSE_TOL));
     }
-    check(js);
+    js
 }
 
 #[test]
@@ -371,21 +381,9 @@ fn small_hopper_forward_many_items() {
     let gpu = dsv4_cuda::gpu(0).unwrap();
     println!("hopper forward: {}", dsv4_cuda::sparse_attention::use_hopper_fwd(gpu, 512, false, false));
     let mut rng = Rng(24);
-    let mut js = Vec::new();
     let c = Case::small(2, 300, 100, 512, 500, 300);
     let x = make_inputs(&mut rng, &c);
-    let (rout, rlse) = sparse_attention(BackendName::Reference, &host_args(&x, false)).unwrap();
-    for plan in [false, true] {
-        let cuda_plan = plan.then(|| plan_sparse_indices(BackendName::Cuda, &x.idx_dev.view(), c.k, false).unwrap());
-        let indices = match &cuda_plan {
-            Some(p) => SparseIndices::Plan(p),
-            None => SparseIndices::TopK(x.idx_dev.view()),
-        };
-        let (out, lse) = gpu_forward(&dev_args(&x, indices, false), &c);
-        js.push(jt(&format!("{} plan={plan}: out", c.name()), &out, &rout, Tolerance::Bf16));
-        js.push(jt(&format!("{} plan={plan}: lse", c.name()), &lse, &rlse, LSE_TOL));
-    }
-    check(js);
+    check(forward_vs_reference(&x, &c, &[false, true]));
 }
 
 #[test]
