@@ -137,6 +137,21 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[N / 2], u64 desc_a, u64 
     }
 }
 
+// acc (64 keys x N q rows) = the key tile at a_base (SW128, K-major) times the q rows at
+// b_base (N rows of each SW128 group of sq), over the head dim: KSTEPS wgmma k16 steps.
+template <int N>
+__device__ __forceinline__ void tile_product(float (&acc)[N / 2], u32 a_base, u32 b_base) {
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+        const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
+        u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = b_base + (ks / 4) * SQ_GROUP + koff;
+        asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
+        const u64 da = sw128_desc(a_lo, 16, 1024);
+        const u64 db = sw128_desc(b_lo, 16, 1024);
+        wgmma_tile<N>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
+    }
+}
+
 // lo / hi[q0 + i] = sum over this lane's heads of w[q0 + i][h] * relu(acc[key r | r+8][i, h])
 // for the NQ queries an accumulator of NQ * HPAD columns holds (columns 8j + 2c4, +1 of
 // query j / JQ: heads 8 (j % JQ) + 2c4, +1).
@@ -325,13 +340,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     const u32 a_base = skv_addr + ((tiles_done + t) % ST) * SKV_STAGE;
                     fence_regs(acc_h);
                     wgmma_fence();
-#pragma unroll
-                    for (int ks = 0; ks < KSTEPS; ++ks) {
-                        const u32 koff = (ks % 4) * 32;
-                        u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + h * (SQ_GROUP / 2) + koff;
-                        asm volatile("" : "+r"(a_lo), "+r"(b_lo));
-                        wgmma_tile<NROWS / 2>(acc_h, sw128_desc(a_lo, 16, 1024), sw128_desc(b_lo, 16, 1024), ks > 0 ? 1 : 0);
-                    }
+                    tile_product<NROWS / 2>(acc_h, a_base, sq_addr + h * (SQ_GROUP / 2));
                     wgmma_commit();
                     fence_regs(acc_h);
                 };
@@ -360,15 +369,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     const u32 a_base = skv_addr + st * SKV_STAGE;
                     __syncwarp();
                     wgmma_fence();
-#pragma unroll
-                    for (int ks = 0; ks < KSTEPS; ++ks) {
-                        const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
-                        u32 a_lo = a_base + (ks / 4) * SKV_GROUP + koff, b_lo = sq_addr + (ks / 4) * SQ_GROUP + koff;
-                        asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
-                        const u64 da = sw128_desc(a_lo, 16, 1024);
-                        const u64 db = sw128_desc(b_lo, 16, 1024);
-                        wgmma_tile<NROWS>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
-                    }
+                    tile_product<NROWS>(acc, a_base, sq_addr);
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_regs(acc);
