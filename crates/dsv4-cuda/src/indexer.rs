@@ -133,6 +133,9 @@ pub struct IndexerTopkParams {
     /// power of two >= K
     pub sort_cap: i32,
     pub cache_row: i32,
+    /// > 0: causal rows, row s reads min(P, visible_keys(query_start + s, r)) scores.
+    pub query_start: i32,
+    pub compress_ratio: i32,
 }
 
 /// `IndexerBwdParams` of `params.cuh`.
@@ -270,7 +273,7 @@ pub struct IndexerPackParams {
 }
 
 const _: () = assert!(size_of::<IndexerScoresParams>() == 216);
-const _: () = assert!(size_of::<IndexerTopkParams>() == 88);
+const _: () = assert!(size_of::<IndexerTopkParams>() == 96);
 const _: () = assert!(size_of::<IndexerBwdParams>() == 256);
 const _: () = assert!(size_of::<IndexerBwdSm90Params>() == 224);
 const _: () = assert!(size_of::<IndexerBwdReduceParams>() == 32);
@@ -726,16 +729,16 @@ fn topk_threads() -> u32 {
 }
 
 /// Mirrors the shared-memory layout of topk.cu: SelectSmem, the u64 sort buffer, the
-/// optional u32 row cache.
+/// optional u32 row cache of `cache` keys (in quads).
 fn topk_smem_bytes(sort_cap: usize, cache: usize) -> usize {
-    SELECT_SMEM_BYTES + sort_cap * 8 + cache * 4
+    SELECT_SMEM_BYTES + sort_cap * 8 + cache.next_multiple_of(4) * 4
 }
 
 /// `(sort_cap, cache_row, shared bytes)` for rows of `p` scores and `k` slots. The row is
 /// cached while the whole CTA stays under 96 KiB (two CTAs per SM on Hopper and A100);
 /// longer rows stream from global memory at every pass.
 fn topk_config(gpu: &Gpu, op: &'static str, p: usize, k: usize) -> Result<(usize, bool, usize)> {
-    let sort_cap = k.next_power_of_two();
+    let sort_cap = k.next_power_of_two().max(2); // >= 2: topk.cu's row cache stays 16-byte aligned
     let limit = gpu.props().max_shared_per_block_optin as usize;
     if topk_smem_bytes(sort_cap, 0) > limit {
         return Err(unavailable(op, format!("k = {k} needs a {sort_cap}-entry sort buffer ({} bytes of shared memory); the device allows {limit}", topk_smem_bytes(sort_cap, 0))));
@@ -745,8 +748,10 @@ fn topk_config(gpu: &Gpu, op: &'static str, p: usize, k: usize) -> Result<(usize
 }
 
 /// One launch of `topk.cu` over rows `[B, s_count]` of scores at `scores` with strides
-/// `sc`, writing rows of `k` slots at `idx`/`vals` with strides `out`.
-fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize, s_count: usize, p: usize, k: usize, idx: u64, vals: u64, out: (i64, i64)) -> Result<()> {
+/// `sc`, writing rows of `k` slots at `idx`/`vals` with strides `out`. `causal =
+/// Some((query_start, compress_ratio))`: the rows are causal indexer scores of queries at
+/// `query_start + s` (-inf past their visible keys), read up to the visible keys only.
+fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize, s_count: usize, p: usize, k: usize, idx: u64, vals: u64, out: (i64, i64), causal: Option<(i32, i32)>) -> Result<()> {
     let (sort_cap, cache, smem) = topk_config(gpu, op, p, k)?;
     let prm = IndexerTopkParams {
         scores,
@@ -763,6 +768,8 @@ fn launch_topk(gpu: &Gpu, op: &'static str, scores: u64, sc: [i64; 3], b: usize,
         k: to_i32(op, "k", k)?,
         sort_cap: to_i32(op, "sort capacity", sort_cap)?,
         cache_row: cache as i32,
+        query_start: causal.map_or(0, |c| c.0),
+        compress_ratio: causal.map_or(0, |c| c.1),
     };
     let threads = topk_threads();
     let kern = gpu.kernel("indexer/topk.cu", "indexer_topk", &[("TOPK_THREADS", threads.to_string())])?;
@@ -808,7 +815,7 @@ pub fn topk(gpu: &Gpu, scores: &TensorView, k: usize, idx: &mut TensorViewMut, v
         return Ok(());
     }
     let st = strides_i64(scores);
-    launch_topk(gpu, OP, scores.address(), [st[0], st[1], st[2]], b, s, p, kk, idx.as_view().address(), vals.as_view().address(), ((s * kk) as i64, kk as i64))
+    launch_topk(gpu, OP, scores.address(), [st[0], st[1], st[2]], b, s, p, kk, idx.as_view().address(), vals.as_view().address(), ((s * kk) as i64, kk as i64), None)
 }
 
 /// Checks shared by the two selection paths; `None` when there is nothing to select.
@@ -900,7 +907,8 @@ pub fn chunked_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorV
         let dst = ScoresOut { out: scratch.ptr(), idx: 0, k: 0, strides: ((rows * p) as i64, p as i64) };
         launch_dense(gpu, OP, a, &sh, &inp, &dst, s_begin, n, path)?;
         let off = (s_begin * kk * 4) as u64;
-        launch_topk(gpu, OP, scratch.ptr(), [(rows * p) as i64, p as i64, 1], b, n, p, kk, idx_base + off, val_base + off, ((s * kk) as i64, kk as i64))?;
+        let causal = Some((to_i32(OP, "query_start + s", sh.query_start as usize + s_begin)?, sh.compress_ratio));
+        launch_topk(gpu, OP, scratch.ptr(), [(rows * p) as i64, p as i64, 1], b, n, p, kk, idx_base + off, val_base + off, ((s * kk) as i64, kk as i64), causal)?;
         s_begin += n;
     }
     Ok(())

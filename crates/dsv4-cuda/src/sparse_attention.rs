@@ -516,11 +516,8 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
     // The Hopper kernel (fwd_sm90.cu): D = 512, 64 heads a CTA, exp2 arithmetic, no dedup.
     let hopper = use_hopper_fwd(gpu, dp, a.reference_rounding, dedup);
-    // `DSV4_EXTRA_DEFINES=SA90_PERSISTENT=1` (staged variant of fwd_sm90.cu): one CTA an SM
-    // walking the (row, head block) items, with one more barrier in its shared memory.
-    let persistent = hopper && crate::runtime::extra_define("SA90_PERSISTENT") == Some("1");
     let (smem, k, block, grid_y) = if hopper {
-        (SA90_FWD_SMEM_BYTES + if persistent { 8 } else { 0 }, gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[])?, 384u32, dm.h.div_ceil(64))
+        (SA90_FWD_SMEM_BYTES, gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[])?, 384u32, dm.h.div_ceil(64))
     } else {
         let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
         (fwd_smem_bytes(dp, tiles.hb, tiles.bn), k, tiles.threads(dp) as u32, tiles.head_blocks(dm.h))
@@ -552,7 +549,7 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         smem_bytes: smem as i32,
         sm_scale: a.sm_scale,
     };
-    let grid = if persistent { [(dm.b * dm.s * grid_y).min(gpu.props().sm_count as usize) as u32, 1, 1] } else { [(dm.b * dm.s) as u32, grid_y as u32, 1] };
+    let grid = [(dm.b * dm.s) as u32, grid_y as u32, 1];
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never

@@ -47,8 +47,13 @@ struct IndexerTopkParams {
     i32 K;                 // slots per row = min(k, P)
     i32 sort_cap;          // capacity of the shared sort buffer (power of two >= K)
     i32 cache_row;         // 1: the row's keys fit in shared memory and are cached there
+    // compress_ratio > 0: the rows are causal indexer scores (-inf past the visible keys)
+    // and row s reads only its visible prefix, min(P, visible_keys(query_start + s, r));
+    // 0: every row reads all P.
+    i32 query_start;
+    i32 compress_ratio;
 };
-DSV4_PARAMS_SIZE(IndexerTopkParams, 88);
+DSV4_PARAMS_SIZE(IndexerTopkParams, 96);
 
 // bwd.cu: backward of `indexer_topk_scores`.
 struct IndexerBwdParams {

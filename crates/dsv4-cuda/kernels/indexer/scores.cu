@@ -348,7 +348,8 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
             const float* row = srow + static_cast<i64>(qi) * p.P;
             const i64 o = b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
             const int vis = static_cast<int>(min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + qi, p.compress_ratio)));
-            select_topk_row<NTHREADS>([&](int i) { return score_key(row[i]); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
+            const auto key_at = [&](int i) { return score_key(row[i]); };
+            select_topk_row<NTHREADS>(key_at, [&](int q) { return key_quad(key_at, vis, q); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
         }
     }
 }

@@ -8,9 +8,7 @@
 // dsv4-test-defines: IDX_H=16 IDX_D=64
 // dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
 // dsv4-test-defines: IDX_H=32 IDX_D=128
-// dsv4-test-defines: IDX90_SPLIT_N=1
-// dsv4-test-defines: IDX90_SPLIT_N=1 IDX_FUSED=1
-// dsv4-test-defines: IDX90_SPLIT_N=1 IDX_H=33 IDX_D=72
+// dsv4-test-defines: IDX_H=33 IDX_D=72
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -83,19 +81,16 @@ constexpr int D = IDX_D;
 static_assert(H >= 1 && H <= 64, "scores_sm90: H <= 64 (N = 4 queries x padded heads <= 256)");
 static_assert(D >= 1 && D <= 128, "scores_sm90: D <= 128 (two SW128 groups)");
 constexpr bool FUSED = IDX_FUSED != 0;
-// IDX90_SPLIT_N=1: the N = 256 product as two N = 128 halves, the first half's head sums
-// overlapping the second half's product (see the consumer); N = 256 (H > 32) only. Default
-// 0 until timed on an H100/H200 (staged in docs/perf.md, "Next GPU session").
-#ifndef IDX90_SPLIT_N
-#define IDX90_SPLIT_N 0
-#endif
 
 constexpr int HPAD = H <= 16 ? 16 : H <= 32 ? 32 : 64;  // heads padded: N = 64, 128 or 256
 constexpr int BQ = 4;                                     // queries per CTA = lanes of a quad
 constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of the CTA
 constexpr int JQ = HPAD / 8;                              // 8-column accumulator blocks per query
 constexpr int NACC = NROWS / 2;                           // accumulator registers a thread
-constexpr bool SPLIT = IDX90_SPLIT_N != 0 && NROWS == 256;
+// N = 256 (H > 32): the product as two N = 128 halves, the first half's head sums
+// overlapping the second half's product (see the consumer; H200, S = 16384: dense scores
+// 1.176 -> 1.144 ms, docs/perf.md v10).
+constexpr bool SPLIT = NROWS == 256;
 constexpr int BM = 64;                                    // pooled keys per tile (wgmma M)
 constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 along the head dim
 constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
@@ -130,7 +125,7 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[N / 2], u64 desc_a, u64 
         wgmma_m64n256k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else if constexpr (N == 128) {
         wgmma_m64n128k16_ss<0>(acc, desc_a, desc_b, scale_d);
-    } else if constexpr (N == 32) {  // IDX90_SPLIT_N's halves at N = 64 (never run: the split needs N = 256)
+    } else if constexpr (N == 32) {  // the split's halves at N = 64 (never run: the split needs N = 256)
         wgmma_m64n32k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else {
         wgmma_m64n64k16_ss<0>(acc, desc_a, desc_b, scale_d);
@@ -398,7 +393,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                 }
                 // select_topk_row begins with a barrier (publishes the cache) and ends with
                 // one (the next row may overwrite it).
-                select_topk_row<NTHREADS>([&](int i) { return cached ? scache[i] : score_key(row[i]); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
+                const auto key_at = [&](int i) { return cached ? scache[i] : score_key(row[i]); };
+                select_topk_row<NTHREADS>(key_at, [&](int q) { return key_quad(key_at, vis, q); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
             }
         } else {
             break;  // dense: the grid has one CTA per item (and the loop state is not kept live)

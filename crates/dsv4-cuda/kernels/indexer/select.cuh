@@ -122,17 +122,26 @@ __device__ __forceinline__ void bitonic_warp_stage(u64 (&v)[SORT_E], int base, i
     }
 }
 
+// Keys i = 4q .. 4q + 3 of a row from `key_at` (0 past P): the `key4_at` of a row that has
+// no cache of 16-byte aligned keys.
+template <class KeyAt>
+__device__ __forceinline__ uint4 key_quad(const KeyAt& key_at, int P, int q) {
+    const int i = 4 * q;
+    return make_uint4(i < P ? key_at(i) : 0u, i + 1 < P ? key_at(i + 1) : 0u, i + 2 < P ? key_at(i + 2) : 0u, i + 3 < P ? key_at(i + 3) : 0u);
+}
+
 // Top-K of the row `key_at(i)` / `val_at(i)`, i < P, into idx_out[0..K) / val_out[0..K).
-// Called by every thread of the block (NTHREADS of them); `sort` holds `sort_cap` (a power
-// of two >= K) entries. Starts with a barrier (the row may have just been written).
-// Keys at i >= P are never read: a caller whose row ends in non-finite scores (the causal
-// -inf) may pass the finite prefix's length.
-template <int NTHREADS, class KeyAt, class ValAt>
-__device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out) {
+// `key4_at(q)` gives keys 4q .. 4q + 3 at once (0 for i >= P): the passes over the row read
+// a quad a thread (one 16-byte shared load where the keys are cached); `key_quad` builds it
+// from `key_at`. Called by every thread of the block (NTHREADS of them); `sort` holds
+// `sort_cap` (a power of two >= K) entries. Starts with a barrier (the row may have just
+// been written). Keys at i >= P are never read: a caller whose row ends in non-finite
+// scores (the causal -inf) may pass the finite prefix's length.
+template <int NTHREADS, class KeyAt, class Key4At, class ValAt>
+__device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out) {
     static_assert(NTHREADS % 32 == 0 && NTHREADS >= 32 && NTHREADS <= 1024, "whole warps");
     constexpr int NWARPS = NTHREADS / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const u32 lanes_below = (1u << lane) - 1u;
 
     // ---- 2. radix select ----------------------------------------------------------------
     // `take_all`: every key >= `prefix` (and != 0) is taken, exactly K of them or all
@@ -149,22 +158,31 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
         for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
         __syncthreads();
     }
+    const int P4 = (P + 3) / 4;  // quads of keys
     for (int shift = 24; shift >= 0 && !row_fits; shift -= 8) {
         // hist[] is zero here: cleared above, then by each pass's scan.
         if (shift == 24) {
             // The top byte (sign and high exponent bits) puts most of a row in a few bins:
             // the lanes of a warp that share a bin add once, by their lowest lane.
-            for (int start = 0; start < P; start += NTHREADS) {  // warp-uniform trip count
-                const int i = start + tid;
-                const u32 k = i < P ? key_at(i) : 0u;
-                const u32 bin = k != 0u ? (k >> 24) : SELECT_BINS;  // no prefix yet; SELECT_BINS = none
-                const u32 peers = __match_any_sync(DSV4_FULL_MASK, bin);
-                if (bin < SELECT_BINS && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], static_cast<u32>(__popc(peers)));
+            for (int start = 0; start < P4; start += NTHREADS) {  // warp-uniform trip count
+                const int q = start + tid;
+                const uint4 k4 = q < P4 ? key4_at(q) : make_uint4(0u, 0u, 0u, 0u);
+                const u32 ks[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 bin = ks[j] != 0u ? (ks[j] >> 24) : SELECT_BINS;  // no prefix yet; SELECT_BINS = none
+                    const u32 peers = __match_any_sync(DSV4_FULL_MASK, bin);
+                    if (bin < SELECT_BINS && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], static_cast<u32>(__popc(peers)));
+                }
             }
         } else {
-            for (int i = tid; i < P; i += NTHREADS) {
-                const u32 k = key_at(i);
-                if (k != 0u && (k & mask) == prefix) atomicAdd(&sm.hist[(k >> shift) & 0xffu], 1u);
+            for (int q = tid; q < P4; q += NTHREADS) {
+                const uint4 k4 = key4_at(q);
+                const u32 ks[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (ks[j] != 0u && (ks[j] & mask) == prefix) atomicAdd(&sm.hist[(ks[j] >> shift) & 0xffu], 1u);
+                }
             }
         }
         __syncthreads();
@@ -198,16 +216,32 @@ __device__ void select_topk_row(const KeyAt& key_at, const ValAt& val_at, int P,
     __syncthreads();  // everyone has read misc
     if (tid == 0) sm.misc[2] = 0;
     __syncthreads();
-    for (int start = 0; start < P; start += NTHREADS) {  // warp-uniform trip count
-        const int i = start + tid;
-        const u32 k = i < P ? key_at(i) : 0u;
-        const bool take = k != 0u && ((take_all || ties_sorted) ? k >= thr : k > thr);
-        const u32 ballot = __ballot_sync(DSV4_FULL_MASK, take);
-        if (ballot != 0u) {  // one shared atomic per warp
+    const bool take_eq = take_all || ties_sorted;
+    for (int start = 0; start < P4; start += NTHREADS) {  // warp-uniform trip count
+        const int q = start + tid;
+        const uint4 k4 = q < P4 ? key4_at(q) : make_uint4(0u, 0u, 0u, 0u);
+        const u32 ks[4] = {k4.x, k4.y, k4.z, k4.w};
+        bool take[4];
+        u32 n_take = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            take[j] = ks[j] != 0u && (take_eq ? ks[j] >= thr : ks[j] > thr);
+            n_take += take[j] ? 1u : 0u;
+        }
+        if (__any_sync(DSV4_FULL_MASK, n_take != 0u)) {  // one shared atomic per warp
+            u32 incl = n_take;  // inclusive scan of the lanes' counts
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 y = __shfl_up_sync(DSV4_FULL_MASK, incl, o);
+                if (lane >= o) incl += y;
+            }
             u32 pos = 0;
-            if (lane == 0) pos = atomicAdd(&sm.misc[2], static_cast<u32>(__popc(ballot)));
-            pos = __shfl_sync(DSV4_FULL_MASK, pos, 0) + static_cast<u32>(__popc(ballot & lanes_below));
-            if (take) sort[pos] = (static_cast<u64>(k) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(i));
+            if (lane == 31) pos = atomicAdd(&sm.misc[2], incl);
+            pos = __shfl_sync(DSV4_FULL_MASK, pos, 31) + incl - n_take;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (take[j]) sort[pos++] = (static_cast<u64>(ks[j]) << 32) | static_cast<u64>(0xffffffffu - static_cast<u32>(4 * q + j));
+            }
         }
     }
     __syncthreads();  // the gathered entries (and their count) are visible

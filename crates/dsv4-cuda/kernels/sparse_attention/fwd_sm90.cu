@@ -39,7 +39,6 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_DIAG=5
 // dsv4-test-defines: SA90_PREFETCH=0
-// dsv4-test-defines: SA90_PERSISTENT=1
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 
 #include "common.cuh"
@@ -77,19 +76,6 @@ using dsv4::sa::slot_key;
 #define SA90_PREFETCH 1
 #endif
 
-// SA90_PERSISTENT=1 (staged: default 0 until timed; the launcher then runs one CTA an SM
-// and passes 8 more bytes of shared memory): each CTA walks items (row x 64-head block)
-// item = blockIdx.x + k gridDim.x, the ring's phases running on across items (it_base: the
-// CTA's iterations before this item), so the producer gathers the next item's first pair
-// while the consumers finish this one. The output is staged through each consumer's P
-// tile (a 64-column group at a time) instead of the Q area, and the consumers release the
-// Q area (q_free) after their last products, so the next Q (an L2 hit: the prefetch) loads
-// during this item's epilogue. (v7's persistent forward lost on output stores straight from
-// the accumulators.)
-#ifndef SA90_PERSISTENT
-#define SA90_PERSISTENT 0
-#endif
-
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M)
@@ -109,8 +95,8 @@ constexpr int kKeysOff = kPOff + 2 * kPBytes;      // int [2][64]
 constexpr int kMaxOff = kKeysOff + 2 * kBN * 4;    // float [2][64] published maxima (m0, m1)
 constexpr int kSumOff = kMaxOff + 2 * kHB * 4;     // float [2][64] final row sums
 constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's keys of a chunk of slots
-constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2] (, q_free)
-constexpr int kBytes = kBarOff + (11 + SA90_PERSISTENT) * 8;
+constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2]
+constexpr int kBytes = kBarOff + 11 * 8;
 
 // Named barriers (0 is __syncthreads): the chain's four hand-offs, one per consumer for the
 // output staging (6, 7), the producer's own (8), the final sums' hand-offs (9, 10: consumer
@@ -124,7 +110,7 @@ static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90SmemBytes == 219736 + 8 * SA90_PERSISTENT, "mirrored by SA90_FWD_SMEM_BYTES (+ 8 persistent) in src/sparse_attention.rs");
+static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
 
 // What a consumer needs from the kernel's preamble.
 struct ConsumerCtx {
@@ -138,10 +124,6 @@ struct ConsumerCtx {
     u64* keys_bar;
     i64 row;
     int h0, n_iters, wtid;
-    // Persistent only (else 0): the q_free barrier, the CTA's ring iterations before this
-    // item and the item's ordinal.
-    u64* qfree_bar;
-    u32 it_base, item_k;
 };
 
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
@@ -173,7 +155,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     u64* const free_bar = x.free_bar;
     const i64 row = x.row;
     const int h0 = x.h0, n_iters = x.n_iters, wtid = x.wtid;
-    const u32 it_base = SA90_PERSISTENT ? x.it_base : 0u, item_k = SA90_PERSISTENT ? x.item_k : 0u;
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
@@ -189,7 +170,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-    mbar_wait(q_bar, item_k & 1);
+    mbar_wait(q_bar, 0);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
     const u64 kd = sw128_desc(my_kv, 16, 1024);
@@ -206,7 +187,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     float sc[32];
     auto issue_s_half = [&](int it, int hh) {
         const int half = hh ^ cw;
-        mbar_wait(ready_bar + cw * 2 + half, (it_base + it) & 1);
+        mbar_wait(ready_bar + cw * 2 + half, it & 1);
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
@@ -223,7 +204,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     }
 
     for (int it = 0; it < n_iters; ++it) {
-        const u32 par = (it_base + it) & 1;
+        const u32 par = it & 1;
         wgmma_wait<0>();
         fence_regs(sc);
         fence_regs(o);
@@ -234,7 +215,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
 
         // Scale, mask (one key a lane, two ballots), this block's row maxima.
-        mbar_wait(x.keys_bar + cw, par);
+        mbar_wait(x.keys_bar + cw, it & 1);
         const u32 valid_lo = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + lane] >= 0);
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
         float pm0 = neg_inf(), pm1 = neg_inf();
@@ -370,9 +351,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     // explicit wait tells ptxas so.
     wgmma_wait<0>();
     fence_regs(o);
-#if SA90_PERSISTENT
-    mbar_arrive(x.qfree_bar);  // this consumer's products are done: the Q area may take the next item's Q
-#endif
 
     // Row sums: this thread's quad, then the two consumers (both at the same max).
     l0 += __shfl_xor_sync(DSV4_FULL_MASK, l0, 1);
@@ -388,31 +366,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
 
-#if SA90_PERSISTENT
-    // out = O / l staged as bf16 through this consumer's P tile (the Q area may already hold
-    // the next item's Q), one 64-column group (8 KiB) at a time, then 16-byte stores.
-#pragma unroll
-    for (int gq = 0; gq < 4; ++gq) {  // unrolled: o[] is indexed with gq
-        if (gq > 0) named_sync(kBarStage + cw, 128);  // the previous group's reads are done
-#pragma unroll
-        for (int jj = 8 * gq; jj < 8 * gq + 8; ++jj) {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0)) : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1)) : "memory");
-        }
-        named_sync(kBarStage + cw, 128);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int id = wtid + i * 128;
-            const int r = id / 8, cc = id % 8;
-            if (h0 + r < p.H) {
-                uint4 v;
-                asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(my_p + sw128(r, cc)) : "memory");
-                *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + gq * 64 + cc * 8) = v;
-            }
-        }
-    }
-    named_sync(kBarStage + cw, 128);  // the last group's reads are done before the next item's P stores
-#else
     // out = O / l staged as bf16 in the Q area (SW128), then 16-byte coalesced stores.
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
@@ -431,153 +384,9 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
         }
     }
-#endif
     if (cw == 0 && c4 == 0) {
         if (h0 + r0 < p.H) p.lse[row * p.H + h0 + r0] = (m0 + log2f(lt0)) * kLn2;
         if (h0 + r1 < p.H) p.lse[row * p.H + h0 + r1] = (m1 + log2f(lt1)) * kLn2;
-    }
-}
-
-// One work item: a query row (b * S + s) and its block of 64 heads. One item a CTA (the
-// CTA's (x, y)), or persistent: item = head block * rows + row (the same order), taken
-// blockIdx.x + k gridDim.x.
-struct Item {
-    i64 row;
-    int b, s, h0, n_slots, n_iters;
-};
-__device__ __forceinline__ Item item_at(const SparseAttnFwdParams& p, i64 item, i64 rows) {
-    Item t;
-    t.row = SA90_PERSISTENT ? item % rows : static_cast<i64>(blockIdx.x);
-    t.b = static_cast<int>(t.row / p.S);
-    t.s = static_cast<int>(t.row % p.S);
-    t.h0 = (SA90_PERSISTENT ? static_cast<int>(item / rows) : static_cast<int>(blockIdx.y)) * kHB;
-    t.n_slots = sa::row_slots(p.row_len, t.row, p.T);
-    t.n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (t.n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
-    return t;
-}
-
-// The items of this CTA: n_items, taken blockIdx.x + k stride (one, stride 0, unless persistent).
-struct Items {
-    i64 rows, n_items, stride;
-};
-
-// What the producer needs from the kernel's preamble.
-struct ProducerCtx {
-    u32 q_base, kv_base;
-    int* keys_s;
-    int* row_keys;
-    u64* q_bar;
-    u64* ready_bar;
-    u64* free_bar;
-    u64* keys_bar;
-    u64* qfree_bar;
-    int wtid;
-};
-
-// The producer warpgroup over the CTA's items (t0: the first).
-__device__ __forceinline__ void produce(const SparseAttnFwdParams& p, const ProducerCtx& x, const Item& t0, const Items& its) {
-    const u32 q_base = x.q_base, kv_base = x.kv_base;
-    int* const keys_s = x.keys_s;
-    int* const row_keys = x.row_keys;
-    u64* const free_bar = x.free_bar;
-    const int wtid = x.wtid;
-    u32 it_base = 0;  // ring iterations of this CTA's earlier items (persistent: the phases run on)
-#pragma unroll 1
-    for (i64 k = 0; k < (SA90_PERSISTENT ? its.n_items : 1); ++k) {
-        const i64 item = blockIdx.x + k * its.stride;
-        if (SA90_PERSISTENT && item >= its.n_items) break;
-        const Item t = (SA90_PERSISTENT && k > 0) ? item_at(p, item, its.rows) : t0;
-        const int b = t.b, s = t.s, h0 = t.h0, n_slots = t.n_slots, n_iters = t.n_iters;
-        // Q: at once for the CTA's first item (or one without iterations); otherwise after the
-        // item's first pair of blocks, once both consumers released the Q area (persistent).
-        const bool q_now = !SA90_PERSISTENT || k == 0 || n_iters == 0;
-        auto load_q = [&]() {
-            if (SA90_PERSISTENT && k > 0) mbar_wait(x.qfree_bar, static_cast<u32>(k - 1) & 1);
-            sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
-            sa90::producer_handoff(x.q_bar);
-        };
-        if (q_now) load_q();
-#if SA90_PREFETCH
-        {
-            // The row the next item of this CTA (persistent) or the next CTA on this SM takes.
-            const bool has_next = SA90_PERSISTENT ? item + its.stride < its.n_items : true;
-            const Item tn = SA90_PERSISTENT && has_next ? item_at(p, item + its.stride, its.rows) : t;
-            const i64 next = SA90_PERSISTENT ? (has_next ? tn.row : -1) : sa90::next_row_on_sm(t.row);
-            if (next >= 0) {
-                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
-                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, SA90_PERSISTENT ? tn.h0 : h0, p.H, wtid);
-                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
-            }
-        }
-#endif
-        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
-        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
-        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
-        const i64 bias = b * p.idx_bias;
-        const bf16* kv_b = p.kv + b * p.kv_sb;
-        const int j = wtid % 8, r_base = wtid / 8;
-        for (int it = 0; it < n_iters; ++it) {
-            const u32 g = it_base + it;  // the ring's iteration
-            const int slot0 = it * 2 * kBN;
-            if (slot0 % kChunk == 0) {
-                if (slot0 > 0 || k > 0) named_sync(8, 128);  // every producer thread is done with the last chunk
-                int kk[kChunk / 128];
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) kk[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = kk[i];
-                named_sync(8, 128);
-            }
-            // (buffer, half) in the order the consumers free them. (Refilling them in the
-            // order they are actually freed, lane 0 of each warp polling the four "free"
-            // barriers, measured 3.94 against 3.39 ms: docs/perf.md v9.)
-#pragma unroll 1
-            for (int step = 0; step < 4; ++step) {
-                const int buf = (step == 1 || step == 3) ? 1 : 0;
-                const int half = (step == 1 || step == 2) ? 1 : 0;
-                if (g > 0) mbar_wait(free_bar + buf * 2 + half, (g - 1) & 1);
-                const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
-                if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
-                    mbar_arrive(x.keys_bar + buf);
-                }
-                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int r = r_base + 16 * i;
-                    const int key = keys[r];
-                    const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
-#pragma unroll
-                    for (int gg = 0; gg < 4; ++gg)
-                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
-                }
-                sa90::producer_handoff(x.ready_bar + buf * 2 + half);
-            }
-            if (!q_now && it == 0) load_q();
-        }
-        it_base += static_cast<u32>(n_iters);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-// A consumer's items (the loop inside each role's branch: a loop around the branch would put
-// the products in a divergent path for ptxas, which then serializes them).
-template <int CW>
-__device__ __forceinline__ void consume_items(const SparseAttnFwdParams& p, ConsumerCtx x, const Item& t0, const Items& its) {
-    u32 it_base = 0;
-#pragma unroll 1
-    for (i64 k = 0; k < (SA90_PERSISTENT ? its.n_items : 1); ++k) {
-        const i64 item = blockIdx.x + k * its.stride;
-        if (SA90_PERSISTENT && item >= its.n_items) break;
-        const Item t = (SA90_PERSISTENT && k > 0) ? item_at(p, item, its.rows) : t0;
-        x.row = t.row;
-        x.h0 = t.h0;
-        x.n_iters = t.n_iters;
-        x.it_base = it_base;
-        x.item_k = static_cast<u32>(k);
-        consume<CW>(p, x);
-        it_base += static_cast<u32>(t.n_iters);
     }
 }
 
@@ -595,13 +404,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     u64* ready_bar = q_bar + 1;  // [buffer][half]: the producer's 128 threads
     u64* free_bar = q_bar + 5;   // [buffer][half]: both consumers' 256 threads
     u64* keys_bar = q_bar + 9;   // [buffer]: the producer's key writers
-    u64* qfree_bar = SA90_PERSISTENT ? q_bar + 11 : nullptr;  // both consumers' 256 threads: the Q area is free
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
-    const i64 rows = static_cast<i64>(p.B) * p.S;
-    const Items its{rows, SA90_PERSISTENT ? rows * ((p.H + kHB - 1) / kHB) : 1, SA90_PERSISTENT ? static_cast<i64>(gridDim.x) : 0};
-    const Item t0 = item_at(p, blockIdx.x, rows);
+    const i64 row = blockIdx.x;  // b * S + s
+    const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
+    const int h0 = blockIdx.y * kHB;
+    const int n_slots = sa::row_slots(p.row_len, row, p.T);
+    const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
@@ -610,24 +420,79 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             mbar_init(free_bar + i, 256);
         }
         for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
-        if (SA90_PERSISTENT) mbar_init(qfree_bar, 256);
     }
     __syncthreads();
 
     if (wg == 0) {
         // ---------------- producer ----------------
         regs_dec<40>();
-        const ProducerCtx px{q_base, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), q_bar, ready_bar, free_bar, keys_bar, qfree_bar, wtid};
-        produce(p, px, t0, its);
+        sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+        sa90::producer_handoff(q_bar);
+#if SA90_PREFETCH
+        {
+            const i64 next = sa90::next_row_on_sm(row);
+            if (next >= 0) {
+                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
+                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
+                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
+            }
+        }
+#endif
+        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
+        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
+        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
+        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
+        const i64 bias = b * p.idx_bias;
+        const bf16* kv_b = p.kv + b * p.kv_sb;
+        const int j = wtid % 8, r_base = wtid / 8;
+        for (int it = 0; it < n_iters; ++it) {
+            const int slot0 = it * 2 * kBN;
+            if (slot0 % kChunk == 0) {
+                if (slot0 > 0) named_sync(8, 128);  // every producer thread is done with the last chunk
+                int k[kChunk / 128];
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+                named_sync(8, 128);
+            }
+            // (buffer, half) in the order the consumers free them. (Refilling them in the
+            // order they are actually freed, lane 0 of each warp polling the four "free"
+            // barriers, measured 3.94 against 3.39 ms: docs/perf.md v9.)
+#pragma unroll 1
+            for (int step = 0; step < 4; ++step) {
+                const int buf = (step == 1 || step == 3) ? 1 : 0;
+                const int half = (step == 1 || step == 2) ? 1 : 0;
+                if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
+                const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
+                if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
+                    mbar_arrive(keys_bar + buf);
+                }
+                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = r_base + 16 * i;
+                    const int key = keys[r];
+                    const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
+#pragma unroll
+                    for (int gg = 0; gg < 4; ++gg)
+                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                }
+                sa90::producer_handoff(ready_bar + buf * 2 + half);
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
 
     // ---------------- consumers ----------------
     regs_inc<232>();
-    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, t0.row, t0.h0, t0.n_iters, wtid, qfree_bar, 0, 0};
+    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid};
     if (wg == 1) {
-        consume_items<0>(p, ctx, t0, its);
+        consume<0>(p, ctx);
     } else {
-        consume_items<1>(p, ctx, t0, its);
+        consume<1>(p, ctx);
     }
 }
