@@ -89,36 +89,53 @@ __device__ __forceinline__ void select_scan_pick(SelectSmem& sm, u32 remaining) 
 }
 
 // The sort's blocks: SORT_E entries a lane, a warp's block of SORT_BLOCK entries held in
-// registers as v[j] = entry base + 32j + lane.
+// registers in the blocked layout, entry e = base + SORT_E * lane + j in v[j].
 constexpr int SORT_E = 4;
 constexpr int SORT_BLOCK = 32 * SORT_E;
 
-// Bitonic stage (size, stride < SORT_BLOCK) on a warp's block in registers. Same
-// compare-exchange as the shared-memory stages: the lower index keeps the larger entry
-// when (index & size) == 0. Strides >= 32 pair a lane's own entries, smaller ones pair
-// lanes (shuffles).
-__device__ __forceinline__ void bitonic_warp_stage(u64 (&v)[SORT_E], int base, int size, int stride, int lane) {
-    if (stride >= 32) {  // size >= 64: the direction does not depend on the lane
-        const int js = stride / 32;
+// One stage of the flip form of the bitonic network on a warp's block in registers: entry e
+// is compared with entry e ^ d and the lower position keeps the larger (every stage sorts
+// the same way, descending). d = size - 1 is a merge's first stage (the mirror), d = stride
+// the half-cleaners after it. d < SORT_E pairs a lane's own entries; a larger d pairs lane
+// l with lane l ^ (d / SORT_E), entry j with entry j ^ (d % SORT_E).
+__device__ __forceinline__ void sort_stage(u64 (&v)[SORT_E], int d, int lane) {
+    if (d < SORT_E) {
 #pragma unroll
         for (int j = 0; j < SORT_E; ++j) {
-            if ((j & js) == 0) {
-                const bool desc = ((base + 32 * j) & size) == 0;
-                const u64 x = v[j], y = v[j + js];
-                const bool sw = (x < y) == desc;
+            const int k = j ^ d;
+            if (j < k) {
+                const u64 x = v[j], y = v[k];
+                const bool sw = x < y;
                 v[j] = sw ? y : x;
-                v[j + js] = sw ? x : y;
+                v[k] = sw ? x : y;
             }
         }
     } else {
-        const bool is_lo = (lane & stride) == 0;
+        int hb = d;  // the highest bit of d: where e and its partner first differ
+        while (hb & (hb - 1)) hb &= hb - 1;
+        const bool is_lo = (lane & (hb / SORT_E)) == 0;
+        const int m = d / SORT_E, jx = d % SORT_E;
+        u64 nv[SORT_E];
 #pragma unroll
         for (int j = 0; j < SORT_E; ++j) {
-            const bool desc = ((base + 32 * j + lane) & size) == 0;
-            const u64 y = __shfl_xor_sync(DSV4_FULL_MASK, v[j], stride);
-            const bool take_max = is_lo == desc;
-            v[j] = take_max ? (v[j] > y ? v[j] : y) : (v[j] < y ? v[j] : y);
+            const u64 y = __shfl_xor_sync(DSV4_FULL_MASK, v[j ^ jx], m);  // the partner's entry j ^ jx
+            nv[j] = (v[j] > y) == is_lo ? v[j] : y;
         }
+#pragma unroll
+        for (int j = 0; j < SORT_E; ++j) v[j] = nv[j];
+    }
+}
+
+// The first radix pass's count for a quad of keys (called by every lane of a warp): the top
+// byte (sign and high exponent bits) puts most of a row in a few bins, so the lanes of the
+// warp that share a bin add once, by their lowest lane. Keys 0 (non-finite) are not counted.
+__device__ __forceinline__ void count_top_bytes(SelectSmem& sm, uint4 k4, int lane) {
+    const u32 ks[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 bin = ks[j] != 0u ? (ks[j] >> 24) : SELECT_BINS;  // SELECT_BINS = none
+        const u32 peers = __match_any_sync(DSV4_FULL_MASK, bin);
+        if (bin < SELECT_BINS && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], static_cast<u32>(__popc(peers)));
     }
 }
 
@@ -137,8 +154,12 @@ __device__ __forceinline__ uint4 key_quad(const KeyAt& key_at, int P, int q) {
 // `sort_cap` (a power of two >= K) entries. Starts with a barrier (the row may have just
 // been written). Keys at i >= P are never read: a caller whose row ends in non-finite
 // scores (the causal -inf) may pass the finite prefix's length.
+//
+// `top_counted`: the caller has already counted the keys' top bytes into sm.hist (zeroed,
+// then `count_top_bytes` over every quad of the row, the first radix pass; topk.cu does it
+// while it caches the row), unless the row holds at most K keys (then hist is not read).
 template <int NTHREADS, class KeyAt, class Key4At, class ValAt>
-__device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out) {
+__device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, const ValAt& val_at, int P, int K, SelectSmem& sm, u64* sort, int sort_cap, int* idx_out, float* val_out, bool top_counted = false) {
     static_assert(NTHREADS % 32 == 0 && NTHREADS >= 32 && NTHREADS <= 1024, "whole warps");
     constexpr int NWARPS = NTHREADS / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -154,7 +175,7 @@ __device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, cons
     bool take_all = row_fits;
     int n_all = 0;
     __syncthreads();  // the row is written; the previous users of the scratch are done
-    if (!row_fits) {
+    if (!row_fits && !top_counted) {
         for (int i = tid; i < SELECT_BINS; i += NTHREADS) sm.hist[i] = 0;
         __syncthreads();
     }
@@ -164,15 +185,10 @@ __device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, cons
         if (shift == 24) {
             // The top byte (sign and high exponent bits) puts most of a row in a few bins:
             // the lanes of a warp that share a bin add once, by their lowest lane.
-            for (int start = 0; start < P4; start += NTHREADS) {  // warp-uniform trip count
-                const int q = start + tid;
-                const uint4 k4 = q < P4 ? key4_at(q) : make_uint4(0u, 0u, 0u, 0u);
-                const u32 ks[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u32 bin = ks[j] != 0u ? (ks[j] >> 24) : SELECT_BINS;  // no prefix yet; SELECT_BINS = none
-                    const u32 peers = __match_any_sync(DSV4_FULL_MASK, bin);
-                    if (bin < SELECT_BINS && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], static_cast<u32>(__popc(peers)));
+            if (!top_counted) {
+                for (int start = 0; start < P4; start += NTHREADS) {  // warp-uniform trip count
+                    const int q = start + tid;
+                    count_top_bytes(sm, q < P4 ? key4_at(q) : make_uint4(0u, 0u, 0u, 0u), lane);
                 }
             }
         } else {
@@ -246,41 +262,50 @@ __device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, cons
     }
     __syncthreads();  // the gathered entries (and their count) are visible
     if (row_fits) n_gt = n_sort = n_out = static_cast<int>(sm.misc[2]);  // every finite key (block-uniform)
-    // Bitonic sort of n2 entries (entries [n_sort, n2) are 0 and sort last), in blocks of
-    // SORT_BLOCK entries, one warp a block: stages of compare distance < SORT_BLOCK run in
-    // registers (own entries, then shuffles), the wider ones in shared memory with block
+    // Bitonic sort (flip form: each merge compares mirror positions first, then halves;
+    // every comparison keeps the larger entry at the lower position) of n2 entries (entries
+    // [n_sort, n2) are 0 and sort last), in blocks of SORT_BLOCK entries, one warp a block
+    // in registers (blocked layout: the distances 1 and 2 within a lane, the others by
+    // shuffles); the stages of distance >= SORT_BLOCK run in shared memory with block
     // barriers. A row of fewer than SORT_BLOCK entries is one block whose missing entries
     // are 0 in registers.
     int n2 = 1;
     while (n2 < n_sort) n2 <<= 1;
     const int nblk = n2 < SORT_BLOCK ? 1 : n2 / SORT_BLOCK;
     for (int blk = warp; blk < nblk; blk += NWARPS) {
-        const int base = blk * SORT_BLOCK;
+        const int base = blk * SORT_BLOCK + SORT_E * lane;
         u64 v[SORT_E];
 #pragma unroll
-        for (int j = 0; j < SORT_E; ++j) {
-            const int e = base + 32 * j + lane;
-            v[j] = e < n_sort ? sort[e] : 0ull;
+        for (int j = 0; j < SORT_E; ++j) v[j] = base + j < n_sort ? sort[base + j] : 0ull;
+#pragma unroll
+        for (int size = 2; size <= SORT_BLOCK; size <<= 1) {
+            sort_stage(v, size - 1, lane);
+#pragma unroll
+            for (int stride = size >> 2; stride > 0; stride >>= 1) sort_stage(v, stride, lane);
         }
 #pragma unroll
-        for (int size = 2; size <= SORT_BLOCK; size <<= 1)
-#pragma unroll
-            for (int stride = size >> 1; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
-#pragma unroll
         for (int j = 0; j < SORT_E; ++j) {
-            const int e = base + 32 * j + lane;
-            if (e < n2) sort[e] = v[j];
+            if (base + j < n2) sort[base + j] = v[j];
         }
     }
     __syncthreads();
     for (int size = 2 * SORT_BLOCK; size <= n2; size <<= 1) {
-        for (int stride = size >> 1; stride >= SORT_BLOCK; stride >>= 1) {
+        const int half = size >> 1;
+        for (int i = tid; i < n2 / 2; i += NTHREADS) {  // the mirror stage
+            const int lo = (i / half) * size + i % half, hi = lo + size - 1 - 2 * (i % half);
+            const u64 x = sort[lo], y = sort[hi];
+            if (x < y) {
+                sort[lo] = y;
+                sort[hi] = x;
+            }
+        }
+        __syncthreads();
+        for (int stride = size >> 2; stride >= SORT_BLOCK; stride >>= 1) {
             for (int i = tid; i < n2 / 2; i += NTHREADS) {
                 const int lo = 2 * i - (i & (stride - 1));
                 const int hi = lo + stride;
-                const bool desc = (lo & size) == 0;
                 const u64 x = sort[lo], y = sort[hi];
-                if (x != y && (x < y) == desc) {
+                if (x < y) {
                     sort[lo] = y;
                     sort[hi] = x;
                 }
@@ -288,14 +313,14 @@ __device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, cons
             __syncthreads();
         }
         for (int blk = warp; blk < nblk; blk += NWARPS) {
-            const int base = blk * SORT_BLOCK;
+            const int base = blk * SORT_BLOCK + SORT_E * lane;
             u64 v[SORT_E];
 #pragma unroll
-            for (int j = 0; j < SORT_E; ++j) v[j] = sort[base + 32 * j + lane];
+            for (int j = 0; j < SORT_E; ++j) v[j] = sort[base + j];
 #pragma unroll
-            for (int stride = SORT_BLOCK / 2; stride > 0; stride >>= 1) bitonic_warp_stage(v, base, size, stride, lane);
+            for (int stride = SORT_BLOCK / 2; stride > 0; stride >>= 1) sort_stage(v, stride, lane);
 #pragma unroll
-            for (int j = 0; j < SORT_E; ++j) sort[base + 32 * j + lane] = v[j];
+            for (int j = 0; j < SORT_E; ++j) sort[base + j] = v[j];
         }
         __syncthreads();
     }

@@ -9,7 +9,6 @@
 // dsv4-test-defines: TOPK_THREADS=64
 // dsv4-test-defines: TOPK_THREADS=256
 // dsv4-test-defines: TOPK_THREADS=512
-#include "indexer/mma.cuh"
 #include "indexer/params.cuh"
 #include "indexer/select.cuh"
 
@@ -33,27 +32,35 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS, 2) indexer_topk(const
     const i64 b = blockIdx.y, s = blockIdx.x;
     const float* row = p.scores + b * p.sc_sb + s * p.sc_ss;
     const i64 sp = p.sc_sp;
-    const int P = p.compress_ratio > 0 ? static_cast<int>(min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s, p.compress_ratio))) : p.P;
+    // (query_start + s + 1) / r in 32 bits: the launcher keeps query_start + S in i32.
+    const int P = p.compress_ratio > 0 ? min(p.P, static_cast<int>((static_cast<u32>(p.query_start) + static_cast<u32>(s) + 1u) / static_cast<u32>(p.compress_ratio))) : p.P;
     const int P4 = (P + 3) / 4;
     const bool cached = p.cache_row != 0;
+    const bool count_top = cached && P > p.K;  // the first radix pass during the caching
     const auto global_key = [&](int i) -> u32 { return score_key(row[i * sp]); };
     if (cached) {
+        if (count_top) {
+            for (int i = threadIdx.x; i < SELECT_BINS; i += TOPK_THREADS) sm.hist[i] = 0;
+            __syncthreads();
+        }
         // Quads of keys: one 16-byte load where the row is contiguous and aligned (never
         // past the row's prefix: a partial last quad is read element by element).
         const bool vec = sp == 1 && (reinterpret_cast<u64>(row) & 15u) == 0;
-        for (int q = threadIdx.x; q < P4; q += TOPK_THREADS) {
-            uint4 k4;
+        for (int start = 0; start < P4; start += TOPK_THREADS) {  // warp-uniform trip count
+            const int q = start + threadIdx.x;
+            uint4 k4 = make_uint4(0u, 0u, 0u, 0u);
             if (vec && 4 * q + 4 <= P) {
                 const float4 v = __ldg(reinterpret_cast<const float4*>(row) + q);
                 k4 = make_uint4(score_key(v.x), score_key(v.y), score_key(v.z), score_key(v.w));
-            } else {
+            } else if (q < P4) {
                 k4 = key_quad(global_key, P, q);
             }
-            cache4[q] = k4;
+            if (q < P4) cache4[q] = k4;
+            if (count_top) count_top_bytes(sm, k4, threadIdx.x & 31);
         }
     }
     const auto key_at = [&](int i) -> u32 { return cached ? cache[i] : global_key(i); };
     const auto key4_at = [&](int q) -> uint4 { return cached ? cache4[q] : key_quad(global_key, P, q); };
     const auto val_at = [&](int i) -> float { return row[i * sp]; };
-    select_topk_row<TOPK_THREADS>(key_at, key4_at, val_at, P, p.K, sm, sort, p.sort_cap, p.idx + b * p.out_sb + s * p.out_ss, p.vals + b * p.out_sb + s * p.out_ss);
+    select_topk_row<TOPK_THREADS>(key_at, key4_at, val_at, P, p.K, sm, sort, p.sort_cap, p.idx + b * p.out_sb + s * p.out_ss, p.vals + b * p.out_sb + s * p.out_ss, count_top);
 }
