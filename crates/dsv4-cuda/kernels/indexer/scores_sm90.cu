@@ -215,32 +215,37 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
         const i64 n_keys = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + nq - 1, p.compress_ratio));
         const int n_tiles = static_cast<int>((n_keys + BM - 1) / BM);
 
-        if (!FUSED) {
-            // Keys past the last computed tile: -inf for every query of the block.
-            for (int qi = 0; qi < nq; ++qi) {
-                float* row = p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
-                for (i64 key = static_cast<i64>(n_tiles) * BM + tid; key < p.P; key += NTHREADS) row[key] = neg_inf;
-            }
-        }
         __syncthreads();  // the previous item's wgmma reads of sq and selection are done (and the barriers initialised)
 
         // ---- q rows of the block -> sq (SW128, zero rows for padded heads / missing
-        //      queries, zero tail chunks), weights -> sw --------------------------------
-        for (int e = tid; e < NROWS * DCHP; e += NTHREADS) {
-            const int c = e % DCHP, row = e / DCHP;
-            const int qi = row / HPAD, h = row % HPAD;
-            const bool valid = qi < nq && h < H && c < DCH;
-            const bf16* src = valid ? p.q + b * p.q_sb + (s0 + qi) * p.q_ss + h * p.q_sh + c * 8 : p.q;
-            cp_async16_to(sq_addr + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
+        //      queries, zero tail chunks), weights -> sw. Dense (one item a CTA): by the
+        //      consumers while the producer warp already fills the key ring, then a named
+        //      barrier among the consumers (H200, S = 16384: dense scores 1.146 -> 1.116 ms
+        //      against the whole block loading q behind a block barrier, docs/perf.md v10).
+        //      Fused: by every thread behind the block's barrier (the selection reuses
+        //      sq + skv as its key cache, so the ring must not run ahead into it). ---------
+        if (FUSED || warp < NCONS / 32) {
+            constexpr int NQLOAD = FUSED ? NTHREADS : NCONS;
+            for (int e = tid; e < NROWS * DCHP; e += NQLOAD) {
+                const int c = e % DCHP, row = e / DCHP;
+                const int qi = row / HPAD, h = row % HPAD;
+                const bool valid = qi < nq && h < H && c < DCH;
+                const bf16* src = valid ? p.q + b * p.q_sb + (s0 + qi) * p.q_ss + h * p.q_sh + c * 8 : p.q;
+                cp_async16_to(sq_addr + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
+            }
+            cp_async_commit();
+            for (int e = tid; e < NROWS; e += NQLOAD) {
+                const int qi = e / HPAD, h = e % HPAD;
+                sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
+            }
+            cp_async_wait<0>();
+            fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
         }
-        cp_async_commit();
-        for (int e = tid; e < NROWS; e += NTHREADS) {
-            const int qi = e / HPAD, h = e % HPAD;
-            sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
+        if (!FUSED) {
+            if (warp < NCONS / 32) named_sync(1, NCONS);  // the consumers' q copies and weights
+        } else {
+            __syncthreads();
         }
-        cp_async_wait<0>();
-        fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
-        __syncthreads();
 
         if (warp == NCONS / 32) {
             // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
@@ -373,6 +378,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     float lo[BQ], hi[BQ];
                     head_sums<BQ>(acc, sw, 0, c4, lo, hi);
                     store_tile(t, lo, hi);
+                }
+            }
+            if (!FUSED) {
+                // Dense: -inf past the last computed tile, after the products (off the
+                // block's critical path at its start).
+                for (int qi = 0; qi < nq; ++qi) {
+                    float* row = p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
+                    for (i64 key = static_cast<i64>(n_tiles) * BM + tid; key < p.P; key += NCONS) row[key] = neg_inf;
                 }
             }
         }
