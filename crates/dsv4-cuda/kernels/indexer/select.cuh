@@ -19,10 +19,11 @@
 //     keys == T fit in the sort buffer too (the usual case: few exact ties), they are
 //     gathered and sorted with them: their order is index ascending, so the first `need`
 //     of them are the ones step 4 would take. "Take all" gathers the keys >= the prefix.
-//     The sort works on 128-entry blocks, one warp a block, four entries a lane: stages
-//     of compare distance <= 64 run in registers (a lane's own entries, or shuffles),
-//     only the wider ones (3 of the 45 stages of a 512-entry sort) go through shared
-//     memory with block barriers.
+//     The sort (the flip form of the bitonic network: every comparison keeps the larger
+//     entry at the lower position) works on 128-entry blocks, one warp a block, four
+//     consecutive entries a lane: stages of compare distance <= 64 run in registers
+//     (distances 1 and 2 within a lane, the others by shuffles), only the wider ones (3 of
+//     the 45 stages of a 512-entry sort) go through shared memory with block barriers.
 //  4. Otherwise keys == T are taken in index order (a block-wide ordered scan) right
 //     after the sorted ones until `need` are placed. The rest of the row is (-1, -inf).
 // Every output slot is written exactly once; the result does not depend on scheduling.
