@@ -621,9 +621,11 @@ pub enum ScoresPath {
     Hopper,
 }
 
-/// Queries per CTA of `scores_sm90.cu` (BQ: one per lane of an accumulator quad).
+/// Queries per consumer warpgroup of `scores_sm90.cu` (BQ: one per lane of an accumulator
+/// quad).
 const SM90_BQ: usize = 4;
-/// Threads of `scores_sm90.cu`: one consumer warpgroup and one producer warp.
+/// Threads of `scores_sm90.cu`: one consumer warpgroup and one producer warp (128 more a
+/// second warpgroup).
 const SM90_THREADS: u32 = 160;
 /// CTAs per SM `scores_sm90.cu` is built for (`__launch_bounds__(160, 2)`).
 const SM90_CTAS_PER_SM: usize = 2;
@@ -634,14 +636,27 @@ fn sm90_fits(h: usize, d: usize) -> bool {
     (1..=64).contains(&h) && (1..=128).contains(&d)
 }
 
-/// Shared memory of `scores_sm90.cu`, mirroring its layout: 1024 bytes to align the base,
-/// sq [DG][N][128 B] | skv [2][DG][64][128 B] | sw [N] f32 | 64 B of barriers, and, fused,
-/// SelectSmem and the sort buffer of `sort_cap` entries.
-fn sm90_smem_bytes(h: usize, d: usize, fused_sort_cap: Option<usize>) -> usize {
+/// Consumer warpgroups of a `scores_sm90.cu` launch: 1, or 2 for the dense scores under
+/// `DSV4_EXTRA_DEFINES=IDX90_TWO_WG=1` (a staged variant: one CTA an SM, two blocks of
+/// queries sharing a 5-stage key ring; the kernel sees the same define).
+fn sm90_consumer_groups(fused: bool) -> usize {
+    if !fused && crate::runtime::extra_define("IDX90_TWO_WG") == Some("1") {
+        2
+    } else {
+        1
+    }
+}
+
+/// Shared memory of `scores_sm90.cu` with `nwg` consumer warpgroups, mirroring its layout:
+/// 1024 bytes to align the base, sq [NWG][DG][N][128 B] | skv [ST][DG][64][128 B] |
+/// sw [NWG][N] f32 | barriers (2 ST u64 in 64-byte units), ST = 2 (5 with two
+/// warpgroups), and, fused, SelectSmem and the sort buffer of `sort_cap` entries.
+fn sm90_smem_bytes(h: usize, d: usize, fused_sort_cap: Option<usize>, nwg: usize) -> usize {
     let hpad = if h <= 16 { 16 } else if h <= 32 { 32 } else { 64 };
     let nrows = SM90_BQ * hpad;
     let dg = d.div_ceil(64);
-    1024 + dg * nrows * 128 + 2 * dg * 64 * 128 + nrows * 4 + 64 + fused_sort_cap.map_or(0, |cap| SELECT_SMEM_BYTES + cap * 8)
+    let st = if nwg == 2 { 5 } else { 2 };
+    1024 + nwg * dg * nrows * 128 + st * dg * 64 * 128 + nwg * nrows * 4 + (16 * st).next_multiple_of(64) + fused_sort_cap.map_or(0, |cap| SELECT_SMEM_BYTES + cap * 8)
 }
 
 /// Whether `Auto` takes the Hopper kernel for heads `h`, head dim `d` on this device
@@ -652,7 +667,8 @@ pub fn hopper_scores_supported(gpu: &Gpu, h: usize, d: usize) -> bool {
 
 /// Whether this launch uses `scores_sm90.cu` (`Ok(false)`: `scores.cu`).
 fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize, fused_sort_cap: Option<usize>) -> Result<bool> {
-    let smem_ok = sm90_smem_bytes(h, d, fused_sort_cap) <= gpu.props().max_shared_per_block_optin as usize;
+    let smem = sm90_smem_bytes(h, d, fused_sort_cap, sm90_consumer_groups(fused_sort_cap.is_some()));
+    let smem_ok = smem <= gpu.props().max_shared_per_block_optin as usize;
     match path {
         ScoresPath::Portable => Ok(false),
         ScoresPath::Auto => Ok(hopper_scores_supported(gpu, h, d) && smem_ok),
@@ -662,7 +678,7 @@ fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize, f
             } else if !sm90_fits(h, d) {
                 Err(unavailable(op, format!("the Hopper scores kernel takes H <= 64, D <= 128; got H = {h}, D = {d}")))
             } else if !smem_ok {
-                Err(unavailable(op, format!("the Hopper scores kernel needs {} bytes of shared memory per CTA here", sm90_smem_bytes(h, d, fused_sort_cap))))
+                Err(unavailable(op, format!("the Hopper scores kernel needs {smem} bytes of shared memory per CTA here")))
             } else {
                 Ok(true)
             }
@@ -674,8 +690,9 @@ fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize, f
 /// at `dst.out` (`fused_sort_cap == None`), or the fused top-k into `dst.out` / `dst.idx`.
 fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize, fused_sort_cap: Option<usize>) -> Result<()> {
     let (b, h, d, p) = (sh.b as usize, sh.h as usize, sh.d as usize, sh.p as usize);
-    let smem = sm90_smem_bytes(h, d, fused_sort_cap);
-    let items = s_count.div_ceil(SM90_BQ) * b;
+    let nwg = sm90_consumer_groups(fused_sort_cap.is_some());
+    let smem = sm90_smem_bytes(h, d, fused_sort_cap, nwg);
+    let items = s_count.div_ceil(nwg * SM90_BQ) * b;
     // Dense: one CTA per (batch row, query block). Fused: a persistent grid of at most two
     // CTAs per SM (what shared memory allows), each with its own scratch slot of 4 rows.
     let grid_x = match fused_sort_cap {
@@ -704,7 +721,7 @@ fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, 
     // x P f32, one slot per CTA, freed in stream order after the kernel; the dynamic shared
     // memory is sm90_smem_bytes for these defines and sort_cap; the params type is the
     // entry's.
-    unsafe { k.launch(grid, [SM90_THREADS, 1, 1], smem as u32, &prm) }
+    unsafe { k.launch(grid, [SM90_THREADS + (nwg as u32 - 1) * 128, 1, 1], smem as u32, &prm) }
 }
 
 /// Dense scores rows of queries `[s_begin, s_begin + s_count)` into `dst` by the kernel
@@ -1240,15 +1257,20 @@ mod tests {
         // H = 64, D = 128: 1024 (alignment) + sq 2 x 256 x 128 + skv 2 x 2 x 64 x 128
         // + sw 256 x 4 + 64 (barriers); fused adds SelectSmem and the sort buffer.
         let dense = 1024 + 2 * 256 * 128 + 2 * 2 * 64 * 128 + 256 * 4 + 64;
-        assert_eq!(sm90_smem_bytes(64, 128, None), dense);
-        assert_eq!(sm90_smem_bytes(64, 128, Some(512)), dense + 2304 + 512 * 8);
+        assert_eq!(sm90_smem_bytes(64, 128, None, 1), dense);
+        assert_eq!(sm90_smem_bytes(64, 128, Some(512), 1), dense + 2304 + 512 * 8);
+        // Two consumer warpgroups: two sq and sw, a 5-stage ring, 128 B of barriers; one CTA
+        // an SM within the 227 KiB a block may opt in to.
+        let two = 1024 + 2 * 2 * 256 * 128 + 5 * 2 * 64 * 128 + 2 * 256 * 4 + 128;
+        assert_eq!(sm90_smem_bytes(64, 128, None, 2), two);
+        assert!(two <= 227 << 10);
         // Two CTAs per SM on Hopper (228 KiB a SM, 1 KiB reserved per CTA) for the dense
         // scores and the fused top-512 / top-1024.
         for cap in [None, Some(512), Some(1024)] {
-            assert!(2 * (sm90_smem_bytes(64, 128, cap) + 1024) <= 228 << 10, "{cap:?}");
+            assert!(2 * (sm90_smem_bytes(64, 128, cap, 1) + 1024) <= 228 << 10, "{cap:?}");
         }
         // Heads pad to 16 / 32 / 64 (N = 64 / 128 / 256), the head dim to groups of 64.
-        assert_eq!(sm90_smem_bytes(17, 40, None), 1024 + 128 * 128 + 2 * 64 * 128 + 128 * 4 + 64);
+        assert_eq!(sm90_smem_bytes(17, 40, None, 1), 1024 + 128 * 128 + 2 * 64 * 128 + 128 * 4 + 64);
         assert!(sm90_fits(64, 128) && sm90_fits(1, 8) && !sm90_fits(65, 128) && !sm90_fits(64, 136));
     }
 

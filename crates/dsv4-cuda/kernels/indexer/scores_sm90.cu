@@ -9,6 +9,8 @@
 // dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
 // dsv4-test-defines: IDX_H=32 IDX_D=128
 // dsv4-test-defines: IDX_H=33 IDX_D=72
+// dsv4-test-defines: IDX90_TWO_WG=1
+// dsv4-test-defines: IDX90_TWO_WG=1 IDX_H=17 IDX_D=40
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -96,26 +98,48 @@ constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 
 constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
 constexpr int DCHP = DG * 8;                              // 16-byte chunks of a stored row (tail zero)
 constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
-constexpr int ST = 2;                                     // key-tile ring stages
-constexpr int NCONS = 128;                                // consumer warpgroup
-constexpr int NTHREADS = NCONS + 32;                      // + producer warp
+// IDX90_TWO_WG=1 (dense mode only; a staged variant, NOT run on a GPU yet): one CTA an SM
+// with two consumer warpgroups, each with its own block of BQ queries (its own sq and sw),
+// sharing one key ring of IDX90_TWO_WG_STAGES (5) stages: a key tile is read once for 2 BQ
+// queries (half the L2 -> shared traffic), the ring is deeper, and one warpgroup's head
+// sums overlap the other's products as two CTAs an SM do today. The launcher reads the
+// same define (threads, shared memory, grid of 2 BQ-query blocks).
+#ifndef IDX90_TWO_WG
+#define IDX90_TWO_WG 0
+#endif
+#ifndef IDX90_TWO_WG_STAGES
+#define IDX90_TWO_WG_STAGES 5
+#endif
+constexpr int NWG = IDX90_TWO_WG != 0 && IDX_FUSED == 0 ? 2 : 1;  // consumer warpgroups
+constexpr int BQ_CTA = NWG * BQ;                          // queries per CTA
+constexpr int ST = NWG == 2 ? IDX90_TWO_WG_STAGES : 2;    // key-tile ring stages
+// The producer publishes tile t - LAG after issuing tile t, which waits for tile t - ST to
+// be consumed: LAG <= ST - 1 avoids a deadlock, LAG <= ST - 2 keeps a tile of slack (else
+// tile c is published only once tile c - 1 is consumed: a bubble each tile). LAG + 1 tiles
+// are in flight.
+constexpr int LAG = ST >= 3 ? ST - 2 : 1;
+constexpr int NCONS = 128;                                // threads of a consumer warpgroup
+constexpr int NCONS_ALL = NWG * NCONS;                    // all consumer threads
+constexpr int NTHREADS = NCONS_ALL + 32;                  // + producer warp
 
 // Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
 // in src/indexer.rs (which adds 1024 for the alignment of the base):
-//   sq [DG][NROWS][128 B] | skv [ST][DG][BM][128 B] | sw [NROWS] f32 | full[ST], empty[ST] u64 (64 B)
+//   sq [NWG][DG][NROWS][128 B] | skv [ST][DG][BM][128 B] | sw [NWG][NROWS] f32 |
+//   full[ST], empty[ST] u64 (BAR_BYTES: 64, 128 for more than 4 stages)
 // and, fused only: SelectSmem (2304) | sort [sort_cap] u64. The fused selection's key
 // cache [P] u32 overlays sq + skv (CACHE_BYTES) once the wgmma work of a block is done.
 constexpr int SQ_GROUP = NROWS * 128;
 constexpr int SQ_BYTES = DG * SQ_GROUP;
 constexpr int SKV_GROUP = BM * 128;
 constexpr int SKV_STAGE = DG * SKV_GROUP;
-constexpr int OFF_KV = SQ_BYTES;
+constexpr int OFF_KV = NWG * SQ_BYTES;
 constexpr int OFF_W = OFF_KV + ST * SKV_STAGE;
-constexpr int OFF_BAR = OFF_W + NROWS * 4;
-constexpr int OFF_SEL = OFF_BAR + 64;
+constexpr int OFF_BAR = OFF_W + NWG * NROWS * 4;
+constexpr int BAR_BYTES = (2 * ST * 8 + 63) / 64 * 64;
+constexpr int OFF_SEL = OFF_BAR + BAR_BYTES;
 constexpr int CACHE_BYTES = OFF_W;
 static_assert(SQ_GROUP % 1024 == 0 && SKV_GROUP % 1024 == 0, "SW128 tiles must stay 1024-byte aligned");
-static_assert(OFF_BAR % 8 == 0 && 2 * ST * 8 <= 64, "barrier block");
+static_assert(OFF_BAR % 8 == 0 && ST >= 2 && ST <= 8, "barrier block");
 
 // acc (64 keys x N q rows) (+)= A B for one k16 step (a template so that only the
 // instruction of this N is instantiated).
@@ -172,17 +196,18 @@ __device__ __forceinline__ void head_sums(const float (&acc)[NQ * HPAD / 2], con
 }  // namespace
 
 // Two CTAs per SM: 10 warps, which ptxas caps at 168 registers a thread (128 of them the
-// accumulators at N = 256; no spills in either mode, see tests/nvrtc_compile.rs).
-extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(const IndexerScoresParams p) {
+// accumulators at N = 256; no spills in either mode, see tests/nvrtc_compile.rs). Two
+// consumer warpgroups (IDX90_TWO_WG): one CTA an SM, 9 warps.
+extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer_scores_sm90(const IndexerScoresParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // SW128 tiles need a 1024-byte aligned base (the swizzle is on address bits 4-9).
     const u32 raw_addr = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
     const u32 sq_addr = smem_u32(smem);
     const u32 skv_addr = sq_addr + OFF_KV;
-    float* sw = reinterpret_cast<float*>(smem + OFF_W);  // [BQ][HPAD] weights, 0 for padding
+    float* sw_all = reinterpret_cast<float*>(smem + OFF_W);  // [NWG][BQ][HPAD] weights, 0 for padding
     u64* full = reinterpret_cast<u64*>(smem + OFF_BAR);  // [ST]: the producer's 32 lanes arrive
-    u64* empty = full + ST;                              // [ST]: the 128 consumer threads arrive
+    u64* empty = full + ST;                              // [ST]: every consumer thread arrives
     SelectSmem& ssel = *reinterpret_cast<SelectSmem*>(smem + OFF_SEL);  // fused only
     u64* ssort = reinterpret_cast<u64*>(smem + OFF_SEL + sizeof(SelectSmem));
     u32* scache = reinterpret_cast<u32*>(smem);  // fused selection: keys of one row, over sq + skv
@@ -190,18 +215,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const float neg_inf = -__int_as_float(0x7f800000);
+    // A consumer's warpgroup, its thread and warp index within it, its q block and weights.
+    const int wg = NWG == 1 ? 0 : warp / 4;
+    const int wtid = tid - wg * NCONS, wwarp = warp - wg * 4;
+    const u32 sq_wg = sq_addr + wg * SQ_BYTES;
+    float* sw = sw_all + wg * NROWS;
 
     if (tid == 0) {
         for (int s = 0; s < ST; ++s) {
             mbar_init(&full[s], 32);
-            mbar_init(&empty[s], NCONS);
+            mbar_init(&empty[s], NCONS_ALL);
         }
     }
     // (published by the first barrier of the loop)
 
     // Work items: (batch row, query block of BQ), heaviest (last) blocks first so that a
     // wave ends on light items. Dense: one item per CTA; fused: grid-stride (persistent).
-    const int n_blk = (p.s_count + BQ - 1) / BQ;
+    const int n_blk = (p.s_count + BQ_CTA - 1) / BQ_CTA;
     const i64 n_items = static_cast<i64>(n_blk) * p.B;
     float* slot = FUSED ? p.rows + static_cast<i64>(blockIdx.x) * BQ * p.P : nullptr;  // [BQ][P]
     u32 tiles_done = 0;  // key tiles this CTA has pushed through the ring (phase bookkeeping)
@@ -209,10 +239,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
     for (i64 item = blockIdx.x; item < n_items; item += gridDim.x) {
         const i64 b = item % p.B;
         const int blk = n_blk - 1 - static_cast<int>(item / p.B);
-        const i64 s0 = static_cast<i64>(p.s_begin) + static_cast<i64>(blk) * BQ;  // first query
-        const int nq = static_cast<int>(min(static_cast<i64>(BQ), static_cast<i64>(p.s_begin) + p.s_count - s0));
-        // Keys visible to the block's last query: the tiles this block computes.
-        const i64 n_keys = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + nq - 1, p.compress_ratio));
+        const i64 s0_cta = static_cast<i64>(p.s_begin) + static_cast<i64>(blk) * BQ_CTA;  // first query
+        const int nq_cta = static_cast<int>(min(static_cast<i64>(BQ_CTA), static_cast<i64>(p.s_begin) + p.s_count - s0_cta));
+        // This thread's warpgroup's queries (all of the CTA's with one warpgroup; none
+        // for the second of a last, short block).
+        const i64 s0 = s0_cta + wg * BQ;
+        const int nq = NWG == 1 ? nq_cta : max(0, min(BQ, nq_cta - wg * BQ));
+        // Keys visible to the CTA's last query: the tiles this block computes.
+        const i64 n_keys = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0_cta + nq_cta - 1, p.compress_ratio));
         const int n_tiles = static_cast<int>((n_keys + BM - 1) / BM);
 
         __syncthreads();  // the previous item's wgmma reads of sq and selection are done (and the barriers initialised)
@@ -224,17 +258,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
         //      against the whole block loading q behind a block barrier, docs/perf.md v10).
         //      Fused: by every thread behind the block's barrier (the selection reuses
         //      sq + skv as its key cache, so the ring must not run ahead into it). ---------
-        if (FUSED || warp < NCONS / 32) {
+        if (FUSED || warp < NCONS_ALL / 32) {
             constexpr int NQLOAD = FUSED ? NTHREADS : NCONS;
-            for (int e = tid; e < NROWS * DCHP; e += NQLOAD) {
+            for (int e = wtid; e < NROWS * DCHP; e += NQLOAD) {
                 const int c = e % DCHP, row = e / DCHP;
                 const int qi = row / HPAD, h = row % HPAD;
                 const bool valid = qi < nq && h < H && c < DCH;
                 const bf16* src = valid ? p.q + b * p.q_sb + (s0 + qi) * p.q_ss + h * p.q_sh + c * 8 : p.q;
-                cp_async16_to(sq_addr + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
+                cp_async16_to(sq_wg + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
             }
             cp_async_commit();
-            for (int e = tid; e < NROWS; e += NQLOAD) {
+            for (int e = wtid; e < NROWS; e += NQLOAD) {
                 const int qi = e / HPAD, h = e % HPAD;
                 sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
             }
@@ -242,12 +276,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
             fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
         }
         if (!FUSED) {
-            if (warp < NCONS / 32) named_sync(1, NCONS);  // the consumers' q copies and weights
+            if (warp < NCONS_ALL / 32) named_sync(1 + wg, NCONS);  // the warpgroup's q copies and weights
         } else {
             __syncthreads();
         }
 
-        if (warp == NCONS / 32) {
+        if (warp == NCONS_ALL / 32) {
             // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
             // Lane l copies 16-byte chunk c = l % DCHP of rows l / DCHP + (32 / DCHP) i; the
             // row-independent address arithmetic once (the generic loop cost ~37 instructions
@@ -273,21 +307,24 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     cp_async16_to(dst + sw128(row, c % 8), reinterpret_cast<const void*>(src), valid);
                 }
                 cp_async_commit();
-                if (t > 0) {  // the previous tile has landed: publish it
-                    cp_async_wait<1>();
+                if (t >= LAG) {  // tile t - LAG has landed: publish it
+                    cp_async_wait<LAG>();
                     fence_proxy_async();
-                    mbar_arrive(&full[(g - 1) % ST]);
+                    mbar_arrive(&full[(g - LAG) % ST]);
                 }
             }
-            if (n_tiles > 0) {
+            if (n_tiles > 0) {  // the last LAG tiles (fewer when the block has fewer)
                 cp_async_wait<0>();
                 fence_proxy_async();
-                mbar_arrive(&full[(tiles_done + n_tiles - 1) % ST]);
+#pragma unroll
+                for (int k = LAG; k >= 1; --k) {
+                    if (n_tiles - k >= 0) mbar_arrive(&full[(tiles_done + n_tiles - k) % ST]);
+                }
             }
-        } else if (warp < NCONS / 32) {
+        } else if (warp < NCONS_ALL / 32) {
             // ---- consumer warpgroup: acc[key][q row] = kv_tile q^T, then the epilogue ----
             const int g8 = lane >> 2, c4 = lane & 3;
-            const int r = 16 * warp + g8;  // this thread's keys in the tile: r and r + 8
+            const int r = 16 * wwarp + g8;  // this thread's keys in the tile: r and r + 8
             // Query c4 of the block: its output row and visible keys (lane c4 writes it).
             const bool q_live = c4 < nq;
             const i64 sq_pos = s0 + c4;
@@ -340,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     const u32 a_base = skv_addr + ((tiles_done + t) % ST) * SKV_STAGE;
                     fence_regs(acc_h);
                     wgmma_fence();
-                    tile_product<NROWS / 2>(acc_h, a_base, sq_addr + h * (SQ_GROUP / 2));
+                    tile_product<NROWS / 2>(acc_h, a_base, sq_wg + h * (SQ_GROUP / 2));
                     wgmma_commit();
                     fence_regs(acc_h);
                 };
@@ -369,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                     const u32 a_base = skv_addr + st * SKV_STAGE;
                     __syncwarp();
                     wgmma_fence();
-                    tile_product<NROWS>(acc, a_base, sq_addr);
+                    tile_product<NROWS>(acc, a_base, sq_wg);
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_regs(acc);
@@ -385,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 2) indexer_scores_sm90(co
                 // block's critical path at its start).
                 for (int qi = 0; qi < nq; ++qi) {
                     float* row = p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
-                    for (i64 key = static_cast<i64>(n_tiles) * BM + tid; key < p.P; key += NCONS) row[key] = neg_inf;
+                    for (i64 key = static_cast<i64>(n_tiles) * BM + wtid; key < p.P; key += NCONS) row[key] = neg_inf;
                 }
             }
         }
