@@ -331,20 +331,24 @@ fn print(entries: &[Entry], json: bool) {
     }
 }
 
+/// The table sizes `all`, or only the one `flag N` names (`--s N`: a sequence length of the
+/// attention and indexer tables; `--m N`: a Sinkhorn matrix count).
+fn sizes(args: &[String], flag: &str, all: &[usize]) -> Vec<usize> {
+    let only: Option<usize> = crate::opt(args, flag).and_then(|v| v.parse().ok());
+    all.iter().copied().filter(|n| only.is_none_or(|o| o == *n)).collect()
+}
+
 pub fn main(args: &[String]) -> Result<bool> {
     let what = args.first().map(String::as_str).unwrap_or("all");
     let json = args.iter().any(|a| a == "--json");
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
-    // `--s N`: only the sequence length N of the sparse-attention and indexer tables.
-    let only_s: Option<usize> = crate::opt(args, "--s").and_then(|v| v.parse().ok());
-    let seqs = |all_s: &[usize]| -> Vec<usize> { all_s.iter().copied().filter(|s| only_s.is_none_or(|o| o == *s)).collect() };
     let mut bn = Bench::new(iters)?;
     let mut rng = Rng(42);
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {
-        for s in seqs(&[4096, 16384]) {
+        for s in sizes(args, "--s", &[4096, 16384]) {
             bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only)?;
         }
         for h in [16, 32, 128] {
@@ -357,7 +361,7 @@ pub fn main(args: &[String]) -> Result<bool> {
     }
     if all || what == "indexer" {
         let topk_scores_only = args.iter().any(|a| a == "--topk-scores-only");
-        for s in seqs(&[4096, 16384]) {
+        for s in sizes(args, "--s", &[4096, 16384]) {
             bench_indexer(&mut bn, &mut rng, s, topk_scores_only)?;
         }
         if !topk_scores_only {
@@ -366,9 +370,7 @@ pub fn main(args: &[String]) -> Result<bool> {
         ran = true;
     }
     if all || what == "sinkhorn" {
-        // `--m N`: only N matrices.
-        let only_m: Option<usize> = crate::opt(args, "--m").and_then(|v| v.parse().ok());
-        for m in [65536, 1 << 20].into_iter().filter(|m| only_m.is_none_or(|o| o == *m)) {
+        for m in sizes(args, "--m", &[65536, 1 << 20]) {
             bench_sinkhorn(&mut bn, &mut rng, m)?;
         }
         ran = true;

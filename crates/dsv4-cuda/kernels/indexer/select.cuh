@@ -184,9 +184,7 @@ __device__ void select_topk_row(const KeyAt& key_at, const Key4At& key4_at, cons
     for (int shift = 24; shift >= 0 && !row_fits; shift -= 8) {
         // hist[] is zero here: cleared above, then by each pass's scan.
         if (shift == 24) {
-            // The top byte (sign and high exponent bits) puts most of a row in a few bins:
-            // the lanes of a warp that share a bin add once, by their lowest lane.
-            if (!top_counted) {
+            if (!top_counted) {  // (count_top_bytes: warp-aggregated adds of the top bytes)
                 for (int start = 0; start < P4; start += NTHREADS) {  // warp-uniform trip count
                     const int q = start + tid;
                     count_top_bytes(sm, q < P4 ? key4_at(q) : make_uint4(0u, 0u, 0u, 0u), lane);
