@@ -108,6 +108,9 @@ pub struct IndexerScoresParams {
     /// fused: power of two >= k
     pub sort_cap: i32,
     pub scale: f32,
+    /// dense: 1 = only each row's visible keys are written (the rest left as it was), for
+    /// a caller that reads the visible prefix only; 0 = the whole row (-inf past them).
+    pub visible_only: i32,
 }
 
 /// `IndexerTopkParams` of `params.cuh`.
@@ -272,7 +275,7 @@ pub struct IndexerPackParams {
     pub n3_pad: i64,
 }
 
-const _: () = assert!(size_of::<IndexerScoresParams>() == 216);
+const _: () = assert!(size_of::<IndexerScoresParams>() == 224);
 const _: () = assert!(size_of::<IndexerTopkParams>() == 96);
 const _: () = assert!(size_of::<IndexerBwdParams>() == 256);
 const _: () = assert!(size_of::<IndexerBwdSm90Params>() == 224);
@@ -530,6 +533,8 @@ struct ScoresOut {
     k: usize,
     /// Strides of b and of the local query.
     strides: (i64, i64),
+    /// Dense: write only each row's visible keys (`IndexerScoresParams::visible_only`).
+    visible_only: bool,
 }
 
 /// The params both score kernels (`scores.cu`, `scores_sm90.cu`) share for queries
@@ -571,6 +576,7 @@ fn scores_params(op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInpu
         k: to_i32(op, "k", dst.k)?,
         sort_cap: 0,
         scale: a.softmax_scale,
+        visible_only: dst.visible_only as i32,
     })
 }
 
@@ -636,26 +642,36 @@ fn sm90_fits(h: usize, d: usize) -> bool {
     (1..=64).contains(&h) && (1..=128).contains(&d)
 }
 
-/// Consumer warpgroups of a `scores_sm90.cu` launch: 1, or 2 for the dense scores under
-/// `DSV4_EXTRA_DEFINES=IDX90_TWO_WG=1` (a staged variant: one CTA an SM, two blocks of
-/// queries sharing a 5-stage key ring; the kernel sees the same define).
+/// Consumer warpgroups of a `scores_sm90.cu` launch: 2 for the dense scores (one CTA an
+/// SM, two blocks of queries sharing a key ring), 1 fused or under
+/// `DSV4_EXTRA_DEFINES=IDX90_TWO_WG=0` (the kernel sees the same define).
 fn sm90_consumer_groups(fused: bool) -> usize {
-    if !fused && crate::runtime::extra_define("IDX90_TWO_WG") == Some("1") {
+    if !fused && crate::runtime::extra_define("IDX90_TWO_WG") != Some("0") {
         2
     } else {
         1
     }
 }
 
+/// Key-ring stages of `scores_sm90.cu` with `nwg` consumer warpgroups: 2, or
+/// `IDX90_TWO_WG_STAGES` (default 4, 3..=8) with two (the kernel reads the same define).
+fn sm90_stages(nwg: usize) -> usize {
+    if nwg == 2 {
+        crate::runtime::extra_define("IDX90_TWO_WG_STAGES").and_then(|v| v.parse::<usize>().ok()).filter(|s| (3..=8).contains(s)).unwrap_or(4)
+    } else {
+        2
+    }
+}
+
 /// Shared memory of `scores_sm90.cu` with `nwg` consumer warpgroups, mirroring its layout:
 /// 1024 bytes to align the base, sq [NWG][DG][N][128 B] | skv [ST][DG][64][128 B] |
-/// sw [NWG][N] f32 | barriers (2 ST u64 in 64-byte units), ST = 2 (5 with two
-/// warpgroups), and, fused, SelectSmem and the sort buffer of `sort_cap` entries.
+/// sw [NWG][N] f32 | barriers (2 ST u64 in 64-byte units), ST = [`sm90_stages`], and,
+/// fused, SelectSmem and the sort buffer of `sort_cap` entries.
 fn sm90_smem_bytes(h: usize, d: usize, fused_sort_cap: Option<usize>, nwg: usize) -> usize {
     let hpad = if h <= 16 { 16 } else if h <= 32 { 32 } else { 64 };
     let nrows = SM90_BQ * hpad;
     let dg = d.div_ceil(64);
-    let st = if nwg == 2 { 5 } else { 2 };
+    let st = sm90_stages(nwg);
     1024 + nwg * dg * nrows * 128 + st * dg * 64 * 128 + nwg * nrows * 4 + (16 * st).next_multiple_of(64) + fused_sort_cap.map_or(0, |cap| SELECT_SMEM_BYTES + cap * 8)
 }
 
@@ -817,7 +833,7 @@ pub fn scores_with(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut, path: Sc
         return Ok(());
     }
     let inp = scores_inputs(gpu, OP, a, false)?;
-    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * p) as i64, p as i64) };
+    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * p) as i64, p as i64), visible_only: false };
     launch_dense(gpu, OP, a, &sh, &inp, &dst, 0, s, path)
 }
 
@@ -877,7 +893,7 @@ pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorVie
     }
     let mut inp = scores_inputs(gpu, OP, a, false)?;
     if sm90 {
-        let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
+        let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64), visible_only: false };
         return launch_scores_sm90(gpu, OP, a, &sh, &inp, &dst, 0, s, Some(sort_cap));
     }
     // Two queries per CTA (not the dense four): their rows of P scores stay in shared
@@ -888,7 +904,7 @@ pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorVie
         return chunked_topk_with(gpu, a, k, idx, vals, FUSED_SCRATCH_BYTES, path);
     }
     inp.tiles = fused;
-    let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64) };
+    let dst = ScoresOut { out: vals.as_view().address(), idx: idx.as_view().address(), k: kk, strides: ((s * kk) as i64, kk as i64), visible_only: false };
     launch_scores(gpu, OP, a, &sh, &inp, None, &dst, 0, s)
 }
 
@@ -918,10 +934,14 @@ pub fn chunked_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorV
     let (idx_base, val_base) = (idx.as_view().address(), vals.as_view().address());
     let rows = (scratch_bytes / (b * p * 4)).clamp(1, s);
     let scratch = gpu.scratch(b * rows * p * 4)?;
+    // topk.cu below reads each causal row's visible prefix only, so the scores kernel
+    // leaves the -inf rest of the scratch unwritten (half its bytes at S = 16384, P = 4096;
+    // `DSV4_EXTRA_DEFINES=IDX_VISIBLE_ONLY=0` writes whole rows, to compare).
+    let visible_only = sh.compress_ratio > 0 && crate::runtime::extra_define("IDX_VISIBLE_ONLY") != Some("0");
     let mut s_begin = 0;
     while s_begin < s {
         let n = rows.min(s - s_begin);
-        let dst = ScoresOut { out: scratch.ptr(), idx: 0, k: 0, strides: ((rows * p) as i64, p as i64) };
+        let dst = ScoresOut { out: scratch.ptr(), idx: 0, k: 0, strides: ((rows * p) as i64, p as i64), visible_only };
         launch_dense(gpu, OP, a, &sh, &inp, &dst, s_begin, n, path)?;
         let off = (s_begin * kk * 4) as u64;
         let causal = Some((to_i32(OP, "query_start + s", sh.query_start as usize + s_begin)?, sh.compress_ratio));
@@ -942,7 +962,7 @@ pub fn topk_scores(gpu: &Gpu, a: &IndexerArgs, topk: &TensorView, out: &mut Tens
         return Ok(());
     }
     let inp = scores_inputs(gpu, OP, a, true)?;
-    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * t) as i64, t as i64) };
+    let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * t) as i64, t as i64), visible_only: false };
     launch_scores(gpu, OP, a, &sh, &inp, Some(topk), &dst, 0, s)
 }
 

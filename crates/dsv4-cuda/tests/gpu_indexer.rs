@@ -242,8 +242,8 @@ fn crafted_scores(rows: usize, p: usize, seed: u64) -> Vec<f32> {
 #[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
 fn small_topk_is_exact() {
     // (B, S, P, k): k > P, k == P, small rows, long rows streamed from global memory,
-    // large k.
-    for (i, &(b, s, p, k)) in [(2, 5, 7, 16), (1, 5, 9, 9), (2, 5, 100, 10), (1, 5, 1000, 512), (1, 5, 5000, 3000), (1, 5, 70000, 2048), (1, 5, 1, 1)].iter().enumerate() {
+    // large k; the DSV4 k = 512 and an uneven k over rows of every kind.
+    for (i, &(b, s, p, k)) in [(2, 5, 7, 16), (1, 5, 9, 9), (2, 5, 100, 10), (1, 5, 1000, 512), (1, 5, 5000, 3000), (1, 5, 70000, 2048), (1, 5, 1, 1), (1, 10, 4096, 512), (2, 5, 2048, 300)].iter().enumerate() {
         let scores = Tensor::from_f32(&[b, s, p], crafted_scores(b * s, p, 40 + i as u64)).unwrap();
         let dev = up(&scores);
         let got = gpu_topk(&dev.view(), k);

@@ -33,8 +33,12 @@ struct IndexerScoresParams {
     i32 k;                 // fused: slots per query = min(k, P)
     i32 sort_cap;          // fused: sort buffer entries (power of two >= k)
     float scale;           // softmax_scale
+    // dense: 1 = write only each row's visible keys (the rest of the row is left as it
+    // was: the caller reads the visible prefix only, as chunked_topk's topk.cu does);
+    // 0 = the whole row, -inf past the visible keys. Other modes ignore it.
+    i32 visible_only;
 };
-DSV4_PARAMS_SIZE(IndexerScoresParams, 216);
+DSV4_PARAMS_SIZE(IndexerScoresParams, 224);
 
 // topk.cu: `indexer_topk` over rows of f32 scores.
 struct IndexerTopkParams {

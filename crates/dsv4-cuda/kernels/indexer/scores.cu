@@ -154,9 +154,10 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
                               : min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + nq - 1, p.compress_ratio));
     const int n_tiles = static_cast<int>((n_keys + BN - 1) / BN);
 
-    if (!GATHER && !FUSED) {
+    if (!GATHER && !FUSED && !p.visible_only) {
         // Keys past the last computed tile: -inf for every query of the CTA. (Fused: the
-        // selection reads a row only below its query's visible count, never out there.)
+        // selection reads a row only below its query's visible count, never out there;
+        // visible_only: nor does the caller.)
         for (int qi = 0; qi < nq; ++qi) {
             float* out_row = FUSED ? srow + static_cast<i64>(qi) * p.P : p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
             for (i64 key = static_cast<i64>(n_tiles) * BN + tid; key < p.P; key += NTHREADS) out_row[key] = neg_inf;
@@ -331,7 +332,8 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
                     if (GATHER) {
                         if (n < p.T) out_row[n] = sval[buf * BN + col] >= 0 ? p.scale * part[nt][j] : neg_inf;
                     } else {
-                        if (n < p.P) out_row[n] = n < out_vis ? p.scale * part[nt][j] : neg_inf;
+                        if (n < out_vis) out_row[n] = p.scale * part[nt][j];
+                        else if (n < p.P && !p.visible_only) out_row[n] = neg_inf;
                     }
                 }
         }

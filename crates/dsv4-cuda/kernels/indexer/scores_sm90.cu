@@ -9,8 +9,9 @@
 // dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
 // dsv4-test-defines: IDX_H=32 IDX_D=128
 // dsv4-test-defines: IDX_H=33 IDX_D=72
-// dsv4-test-defines: IDX90_TWO_WG=1
-// dsv4-test-defines: IDX90_TWO_WG=1 IDX_H=17 IDX_D=40
+// dsv4-test-defines: IDX90_TWO_WG=0
+// dsv4-test-defines: IDX90_TWO_WG=0 IDX_H=17 IDX_D=40
+// dsv4-test-defines: IDX90_TWO_WG_STAGES=5 IDX90_PREFETCH=0
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -24,12 +25,13 @@
 // reduce-scatter over the 4 lanes of a quad (6 shuffles) leaves lane c with query c's
 // two scores. No cross-warp reduction at all.
 //
-// CTA = one consumer warpgroup (warps 0-3: wgmma + epilogue) + one producer warp (warp 4:
-// cp.async of key tiles into a 2-stage ring, full/empty mbarriers). The q block (64 KB at
-// H = 64, D = 128) and the ring (2 x 16 KB) take ~100 KB: two CTAs per SM, so one CTA's
-// epilogue (and, fused, its top-k selection) runs while the other's wgmma work keeps the
-// tensor cores busy. BQ = 4 queries share every key tile (L2 traffic: each key tile is
-// read once per 4 queries, ~2 GB at S = 16384 instead of ~4 GB with 2).
+// Fused mode: CTA = one consumer warpgroup (warps 0-3: wgmma + epilogue) + one producer
+// warp (warp 4: cp.async of key tiles into a 2-stage ring, full/empty mbarriers). The q
+// block (64 KB at H = 64, D = 128) and the ring (2 x 16 KB) take ~100 KB: two CTAs per SM,
+// so one CTA's epilogue and top-k selection run while the other's wgmma work keeps the
+// tensor cores busy. Dense mode: the same with two consumer warpgroups in one CTA an SM
+// (IDX90_TWO_WG below). BQ = 4 queries share every key tile (L2 traffic: each key tile is
+// read once per 4 queries, ~2 GB at S = 16384 instead of ~4 GB with 2; once per 8 dense).
 //
 // Operands are stored in the 128-byte swizzle of hopper.cuh (SW128): the head dim splits
 // into groups of 64 (DG groups), a group is rows of 128 bytes, 16-byte chunk j of row r at
@@ -89,30 +91,41 @@ constexpr int BQ = 4;                                     // queries per CTA = l
 constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of the CTA
 constexpr int JQ = HPAD / 8;                              // 8-column accumulator blocks per query
 constexpr int NACC = NROWS / 2;                           // accumulator registers a thread
-// N = 256 (H > 32): the product as two N = 128 halves, the first half's head sums
-// overlapping the second half's product (see the consumer; H200, S = 16384: dense scores
-// 1.176 -> 1.144 ms, docs/perf.md v10).
-constexpr bool SPLIT = NROWS == 256;
 constexpr int BM = 64;                                    // pooled keys per tile (wgmma M)
 constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 along the head dim
 constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
 constexpr int DCHP = DG * 8;                              // 16-byte chunks of a stored row (tail zero)
 constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
-// IDX90_TWO_WG=1 (dense mode only; a staged variant, NOT run on a GPU yet): one CTA an SM
-// with two consumer warpgroups, each with its own block of BQ queries (its own sq and sw),
-// sharing one key ring of IDX90_TWO_WG_STAGES (5) stages: a key tile is read once for 2 BQ
-// queries (half the L2 -> shared traffic), the ring is deeper, and one warpgroup's head
-// sums overlap the other's products as two CTAs an SM do today. The launcher reads the
-// same define (threads, shared memory, grid of 2 BQ-query blocks).
+// Dense mode (IDX90_TWO_WG=1, the default): one CTA an SM with two consumer warpgroups,
+// each with its own block of BQ queries (its own sq and sw), sharing one key ring of
+// IDX90_TWO_WG_STAGES (4) stages: a key tile is read once for 2 BQ queries (half the
+// L2 -> shared traffic), and one warpgroup's head sums overlap the other's products as
+// two one-warpgroup CTAs an SM do (H200, S = 16384: dense scores 1.110 -> 1.094 ms, 5
+// stages 1.099; docs/perf.md v11). IDX90_TWO_WG=0 keeps the one-warpgroup CTAs of the
+// fused mode, to compare. The launcher reads both defines (threads, shared memory, grid
+// of 2 BQ-query blocks).
 #ifndef IDX90_TWO_WG
-#define IDX90_TWO_WG 0
+#define IDX90_TWO_WG 1
 #endif
 #ifndef IDX90_TWO_WG_STAGES
-#define IDX90_TWO_WG_STAGES 5
+#define IDX90_TWO_WG_STAGES 4
+#endif
+// IDX90_PREFETCH=1 (dense, two warpgroups): each consumer thread first prefetches into L2
+// its share of the q rows of the block the next CTA on this SM most likely takes (this
+// block + the number of SMs: one CTA an SM, CTAs start in blockIdx order), so that CTA's
+// q load reads L2 (as the attention forward's SA90_PREFETCH). 0 leaves it out.
+#ifndef IDX90_PREFETCH
+#define IDX90_PREFETCH 1
 #endif
 constexpr int NWG = IDX90_TWO_WG != 0 && IDX_FUSED == 0 ? 2 : 1;  // consumer warpgroups
 constexpr int BQ_CTA = NWG * BQ;                          // queries per CTA
 constexpr int ST = NWG == 2 ? IDX90_TWO_WG_STAGES : 2;    // key-tile ring stages
+// N = 256 (H > 32): the product as two N = 128 halves, the first half's head sums
+// overlapping the second half's product (see the consumer; H200, S = 16384: dense scores
+// 1.176 -> 1.144 ms, docs/perf.md v10). Not with two consumer warpgroups (dense), which
+// overlap each other's head sums: there one N = 256 product measured 1.0845 ms against
+// 1.0856-1.0904 split (docs/perf.md v11).
+constexpr bool SPLIT = NROWS == 256 && NWG == 1;
 // The producer publishes tile t - LAG after issuing tile t, which waits for tile t - ST to
 // be consumed: LAG <= ST - 1 avoids a deadlock, LAG <= ST - 2 keeps a tile of slack (else
 // tile c is published only once tile c - 1 is consumed: a bubble each tile). LAG + 1 tiles
@@ -272,6 +285,24 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                 const int qi = e / HPAD, h = e % HPAD;
                 sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
             }
+#if IDX90_PREFETCH
+            if (!FUSED && NWG == 2) {
+                u32 n_sm;
+                asm("mov.u32 %0, %%nsmid;\n" : "=r"(n_sm));
+                const i64 next = item + n_sm;  // dense: one item a CTA, items in blockIdx order
+                if (next < n_items) {
+                    const i64 nb = next % p.B;
+                    const i64 ns0 = static_cast<i64>(p.s_begin) + static_cast<i64>(n_blk - 1 - static_cast<int>(next / p.B)) * BQ_CTA + wg * BQ;
+                    const int nnq = static_cast<int>(max(static_cast<i64>(0), min(static_cast<i64>(BQ), static_cast<i64>(p.s_begin) + p.s_count - ns0)));
+                    constexpr int LINES = (D * 2 + 127) / 128;  // 128-byte lines of a q row
+                    for (int e = wtid; e < nnq * H * LINES; e += NCONS) {
+                        const int line = e % LINES, row = e / LINES;
+                        const bf16* src = p.q + nb * p.q_sb + (ns0 + row / H) * p.q_ss + (row % H) * p.q_sh + line * 64;
+                        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
+                    }
+                }
+            }
+#endif
             cp_async_wait<0>();
             fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
         }
@@ -349,12 +380,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
 
                 if (q_live) {
                     const i64 key_lo = static_cast<i64>(t) * BM + r, key_hi = key_lo + 8;
-                    // Dense: every key of a computed tile below P (-inf when invisible).
-                    // Fused: only the visible keys (the selection reads nothing else).
+                    // Dense: every key of a computed tile below P (-inf when invisible),
+                    // or only the visible keys (visible_only). Fused: only the visible
+                    // keys (the selection reads nothing else).
                     if (key_lo < vis) out_row[key_lo] = p.scale * s_lo;
-                    else if (!FUSED && key_lo < p.P) out_row[key_lo] = neg_inf;
+                    else if (!FUSED && !p.visible_only && key_lo < p.P) out_row[key_lo] = neg_inf;
                     if (key_hi < vis) out_row[key_hi] = p.scale * s_hi;
-                    else if (!FUSED && key_hi < p.P) out_row[key_hi] = neg_inf;
+                    else if (!FUSED && !p.visible_only && key_hi < p.P) out_row[key_hi] = neg_inf;
                 }
             };
             if constexpr (SPLIT) {
@@ -417,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                     store_tile(t, lo, hi);
                 }
             }
-            if (!FUSED) {
+            if (!FUSED && !p.visible_only) {
                 // Dense: -inf past the last computed tile, after the products (off the
                 // block's critical path at its start).
                 for (int qi = 0; qi < nq; ++qi) {
