@@ -1279,9 +1279,9 @@ mod tests {
         let dense = 1024 + 2 * 256 * 128 + 2 * 2 * 64 * 128 + 256 * 4 + 64;
         assert_eq!(sm90_smem_bytes(64, 128, None, 1), dense);
         assert_eq!(sm90_smem_bytes(64, 128, Some(512), 1), dense + 2304 + 512 * 8);
-        // Two consumer warpgroups: two sq and sw, a 5-stage ring, 128 B of barriers; one CTA
-        // an SM within the 227 KiB a block may opt in to.
-        let two = 1024 + 2 * 2 * 256 * 128 + 5 * 2 * 64 * 128 + 2 * 256 * 4 + 128;
+        // Two consumer warpgroups (the dense default): two sq and sw, a 4-stage ring, 64 B of
+        // barriers; one CTA an SM within the 227 KiB a block may opt in to.
+        let two = 1024 + 2 * 2 * 256 * 128 + 4 * 2 * 64 * 128 + 2 * 256 * 4 + 64;
         assert_eq!(sm90_smem_bytes(64, 128, None, 2), two);
         assert!(two <= 227 << 10);
         // Two CTAs per SM on Hopper (228 KiB a SM, 1 KiB reserved per CTA) for the dense
