@@ -12,6 +12,8 @@
 // dsv4-test-defines: IDX90_TWO_WG=0
 // dsv4-test-defines: IDX90_TWO_WG=0 IDX_H=17 IDX_D=40
 // dsv4-test-defines: IDX90_TWO_WG_STAGES=5 IDX90_PREFETCH=0
+// dsv4-test-defines: IDX90_DIAG=1
+// dsv4-test-defines: IDX90_DIAG=2
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -109,6 +111,13 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 #endif
 #ifndef IDX90_TWO_WG_STAGES
 #define IDX90_TWO_WG_STAGES 4
+#endif
+// Diagnostics for the bench only (results are wrong; default 0; dense two-warpgroup path,
+// one product a tile), a bit mask: IDX90_DIAG & 1: no epilogue (no head sums or stores):
+// the products and the ring alone; & 2: no wgmma (the epilogue on stale accumulators): the
+// epilogue and the ring alone.
+#ifndef IDX90_DIAG
+#define IDX90_DIAG 0
 #endif
 // IDX90_PREFETCH=1 (dense, two warpgroups): each consumer thread first prefetches into L2
 // its share of the q rows of the block the next CTA on this SM most likely takes (this
@@ -430,23 +439,30 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
             } else {
                 float acc[NACC];
 #pragma unroll
-                for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+                for (int i = 0; i < NACC; ++i) acc[i] = (IDX90_DIAG & 2) ? p.scale * static_cast<float>(i + wtid) : 0.0f;  // (DIAG 2: values the compiler cannot fold)
                 for (int t = 0; t < n_tiles; ++t) {
                     const u32 g = tiles_done + t;
                     const int st = static_cast<int>(g % ST);
                     mbar_wait(&full[st], (g / ST) & 1u);
                     const u32 a_base = skv_addr + st * SKV_STAGE;
                     __syncwarp();
-                    wgmma_fence();
-                    tile_product<NROWS>(acc, a_base, sq_wg);
-                    wgmma_commit();
-                    wgmma_wait<0>();
+                    if constexpr ((IDX90_DIAG & 2) == 0) {
+                        wgmma_fence();
+                        tile_product<NROWS>(acc, a_base, sq_wg);
+                        wgmma_commit();
+                        wgmma_wait<0>();
+                    }
                     fence_regs(acc);
                     mbar_arrive(&empty[st]);  // this thread's part of the stage is read
 
-                    float lo[BQ], hi[BQ];
-                    head_sums<BQ>(acc, sw, 0, c4, lo, hi);
-                    store_tile(t, lo, hi);
+                    if constexpr ((IDX90_DIAG & 1) == 0) {
+                        float lo[BQ], hi[BQ];
+                        head_sums<BQ>(acc, sw, 0, c4, lo, hi);
+                        store_tile(t, lo, hi);
+                    } else if (q_live && acc[0] == 1.2345e-30f) {
+                        static_assert(JQ > 0, "");
+                        out_row[0] = acc[1];  // (keeps the products live; never true in practice)
+                    }
                 }
             }
             if (!FUSED && !p.visible_only) {
