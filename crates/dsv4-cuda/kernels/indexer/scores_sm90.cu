@@ -14,6 +14,8 @@
 // dsv4-test-defines: IDX90_TWO_WG_STAGES=5 IDX90_PREFETCH=0
 // dsv4-test-defines: IDX90_DIAG=1
 // dsv4-test-defines: IDX90_DIAG=2
+// dsv4-test-defines: IDX90_PINGPONG=1
+// dsv4-test-defines: IDX90_PINGPONG=1 IDX_H=17 IDX_D=40
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -119,6 +121,15 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 #ifndef IDX90_DIAG
 #define IDX90_DIAG 0
 #endif
+// IDX90_PINGPONG=1 (dense, two warpgroups; a staged variant, default 0, NOT run on a GPU
+// yet): the warpgroups take turns on the tensor cores, warpgroup 1 issuing tile t's
+// products once warpgroup 0's are done (named barrier BAR_PP_DONE), warpgroup 0 issuing
+// tile t + 1's once warpgroup 1's tile t products are issued (BAR_PP_ISSUED), so each
+// warpgroup's epilogue runs under the other's products, half a period apart, instead of
+// both in step (the v11 ncu profile: the tensor pipe idle 47 % of the time).
+#ifndef IDX90_PINGPONG
+#define IDX90_PINGPONG 0
+#endif
 // IDX90_PREFETCH=1 (dense, two warpgroups): each consumer thread first prefetches into L2
 // its share of the q rows of the block the next CTA on this SM most likely takes (this
 // block + the number of SMs: one CTA an SM, CTAs start in blockIdx order), so that CTA's
@@ -143,6 +154,8 @@ constexpr int LAG = ST >= 3 ? ST - 2 : 1;
 constexpr int NCONS = 128;                                // threads of a consumer warpgroup
 constexpr int NCONS_ALL = NWG * NCONS;                    // all consumer threads
 constexpr int NTHREADS = NCONS_ALL + 32;                  // + producer warp
+constexpr bool PINGPONG = IDX90_PINGPONG != 0 && NWG == 2;
+constexpr int BAR_PP_DONE = 3, BAR_PP_ISSUED = 4;          // named barriers (1, 2: the q loads)
 
 // Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
 // in src/indexer.rs (which adds 1024 for the alignment of the base):
@@ -447,10 +460,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                     const u32 a_base = skv_addr + st * SKV_STAGE;
                     __syncwarp();
                     if constexpr ((IDX90_DIAG & 2) == 0) {
+                        if constexpr (PINGPONG) {  // wait for the turn (see IDX90_PINGPONG)
+                            if (wg == 1) {
+                                named_sync(BAR_PP_DONE, 2 * NCONS);  // warpgroup 0's tile t is done
+                            } else if (t > 0) {
+                                named_sync(BAR_PP_ISSUED, 2 * NCONS);  // warpgroup 1's tile t - 1 is issued
+                            }
+                        }
                         wgmma_fence();
                         tile_product<NROWS>(acc, a_base, sq_wg);
                         wgmma_commit();
+                        if constexpr (PINGPONG) {
+                            if (wg == 1 && t + 1 < n_tiles) named_arrive(BAR_PP_ISSUED, 2 * NCONS);
+                        }
                         wgmma_wait<0>();
+                        if constexpr (PINGPONG) {
+                            if (wg == 0) named_arrive(BAR_PP_DONE, 2 * NCONS);
+                        }
                     }
                     fence_regs(acc);
                     mbar_arrive(&empty[st]);  // this thread's part of the stage is read
