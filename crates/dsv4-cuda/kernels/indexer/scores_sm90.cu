@@ -103,9 +103,10 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 // Dense mode (IDX90_TWO_WG=1, the default): one CTA an SM with two consumer warpgroups,
 // each with its own block of BQ queries (its own sq and sw), sharing one key ring of
 // IDX90_TWO_WG_STAGES (4) stages: a key tile is read once for 2 BQ queries (half the
-// L2 -> shared traffic), and one warpgroup's head sums overlap the other's products as
-// two one-warpgroup CTAs an SM do (H200, S = 16384: dense scores 1.110 -> 1.094 ms, 5
-// stages 1.099; docs/perf.md v11). IDX90_TWO_WG=0 keeps the one-warpgroup CTAs of the
+// L2 -> shared traffic), and one warpgroup's head sums are meant to overlap the other's
+// products as two one-warpgroup CTAs an SM do (H200, S = 16384: dense scores 1.110 ->
+// 1.094 ms, 5 stages 1.099; docs/perf.md v11, whose ncu profile suggests the two run in
+// step instead: IDX90_PINGPONG below). IDX90_TWO_WG=0 keeps the one-warpgroup CTAs of the
 // fused mode, to compare. The launcher reads both defines (threads, shared memory, grid
 // of 2 BQ-query blocks).
 #ifndef IDX90_TWO_WG
