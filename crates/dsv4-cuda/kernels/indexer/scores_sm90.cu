@@ -14,8 +14,8 @@
 // dsv4-test-defines: IDX90_TWO_WG_STAGES=5 IDX90_PREFETCH=0
 // dsv4-test-defines: IDX90_DIAG=1
 // dsv4-test-defines: IDX90_DIAG=2
-// dsv4-test-defines: IDX90_PINGPONG=1
-// dsv4-test-defines: IDX90_PINGPONG=1 IDX_H=17 IDX_D=40
+// dsv4-test-defines: IDX90_PINGPONG=0
+// dsv4-test-defines: IDX90_PINGPONG=0 IDX_H=17 IDX_D=40
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -122,14 +122,14 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 #ifndef IDX90_DIAG
 #define IDX90_DIAG 0
 #endif
-// IDX90_PINGPONG=1 (dense, two warpgroups; a staged variant, default 0, NOT run on a GPU
-// yet): the warpgroups take turns on the tensor cores, warpgroup 1 issuing tile t's
-// products once warpgroup 0's are done (named barrier BAR_PP_DONE), warpgroup 0 issuing
-// tile t + 1's once warpgroup 1's tile t products are issued (BAR_PP_ISSUED), so each
-// warpgroup's epilogue runs under the other's products, half a period apart, instead of
-// both in step (the v11 ncu profile: the tensor pipe idle 47 % of the time).
+// IDX90_PINGPONG=1 (dense, two warpgroups; the default): the warpgroups take turns on the
+// tensor cores, warpgroup 1 issuing tile t's products once warpgroup 0's are done (named
+// barrier BAR_PP_DONE), warpgroup 0 issuing tile t + 1's once warpgroup 1's tile t products
+// are issued (BAR_PP_ISSUED), so each warpgroup's epilogue runs under the other's products.
+// H200, S = 16384 (docs/perf.md v12): dense scores 1.081 / 1.084 -> 1.067 / 1.067 ms,
+// scores + top-k 1.323 / 1.324 -> 1.309 / 1.309. 0 lets both issue as soon as they can.
 #ifndef IDX90_PINGPONG
-#define IDX90_PINGPONG 0
+#define IDX90_PINGPONG 1
 #endif
 // IDX90_PREFETCH=1 (dense, two warpgroups): each consumer thread first prefetches into L2
 // its share of the q rows of the block the next CTA on this SM most likely takes (this
