@@ -38,7 +38,7 @@ use std::mem::size_of;
 use dsv4_core::ops::indexer::{IndexerArgs, IndexerTopkScoresBwdArgs};
 use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
 
-use crate::runtime::{Gpu, Scratch};
+use crate::runtime::{Gpu, Scratch, TmaDesc};
 
 /// Whether these kernels can run (`is_kernel_available("indexer")`).
 pub const READY: bool = true;
@@ -675,6 +675,24 @@ fn sm90_smem_bytes(h: usize, d: usize, fused_sort_cap: Option<usize>, nwg: usize
     1024 + nwg * dg * nrows * 128 + st * dg * 64 * 128 + nwg * nrows * 4 + (16 * st).next_multiple_of(64) + fused_sort_cap.map_or(0, |cap| SELECT_SMEM_BYTES + cap * 8)
 }
 
+/// The dense two-warpgroup `scores_sm90.cu` fills its key ring by TMA where
+/// [`sm90_kv_tensor_map`] can map kv (the kernel's IDX90_TMA), unless `IDX90_TMA=0` is in
+/// `DSV4_EXTRA_DEFINES` (the cp.async ring, to compare).
+fn sm90_tma_requested(nwg: usize) -> bool {
+    nwg == 2 && crate::runtime::extra_define("IDX90_TMA") != Some("0")
+}
+
+/// The TMA map `scores_sm90.cu` loads key tiles with (IDX90_TMA): kv as a `[B][P][D]` bf16
+/// tensor at `kv` (`kv_sb`, `kv_sp` in elements), boxes of 64 keys x 64 head-dim columns
+/// (one SW128 group of a ring stage; columns >= D and keys >= P read as zeros). With
+/// B = 1 the batch stride is never used (box coordinate 0), so any valid one stands in.
+fn sm90_kv_tensor_map(gpu: &Gpu, kv: u64, (b, p, d): (usize, usize, usize), (kv_sb, kv_sp): (i64, i64)) -> Result<TmaDesc> {
+    let bytes = |stride: i64| u64::try_from(stride).map_or(0, |s| s.saturating_mul(2));  // negative: 0, refused
+    let row = bytes(kv_sp);
+    let batch = if b == 1 { row.saturating_mul(p as u64) } else { bytes(kv_sb) };
+    gpu.tma_map_bf16(kv, &[d as u64, p as u64, b as u64], &[row, batch], &[64, 64, 1])
+}
+
 /// Whether `Auto` takes the Hopper kernel for heads `h`, head dim `d` on this device
 /// (dense scores; the fused top-k also needs its sort buffer to fit).
 pub fn hopper_scores_supported(gpu: &Gpu, h: usize, d: usize) -> bool {
@@ -727,7 +745,11 @@ fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, 
         sort_cap: to_i32(op, "sort capacity", fused_sort_cap.unwrap_or(0))?,
         ..scores_params(op, a, sh, inp, dst, s_begin, s_count)?
     };
-    let defines = [("IDX_H", h.to_string()), ("IDX_D", d.to_string()), ("IDX_FUSED", (fused_sort_cap.is_some() as u8).to_string())];
+    // The key ring by TMA (dense with two warpgroups, kv mappable, not IDX90_TMA=0),
+    // else by cp.async: the define is passed either way (it overrides DSV4_EXTRA_DEFINES,
+    // Gpu::kernel), so the kernel is compiled for the ring this launch passes a map for.
+    let kv_map = if sm90_tma_requested(nwg) { sm90_kv_tensor_map(gpu, inp.kv.ptr, (b, p, d), (inp.kv.strides[0], inp.kv.strides[1])).ok() } else { None };
+    let defines = [("IDX_H", h.to_string()), ("IDX_D", d.to_string()), ("IDX_FUSED", (fused_sort_cap.is_some() as u8).to_string()), ("IDX90_TMA", (kv_map.is_some() as u8).to_string())];
     let k = gpu.kernel("indexer/scores_sm90.cu", "indexer_scores_sm90", &defines)?;
     let grid = [grid_dim(op, "query blocks", grid_x)?, 1, 1];
     // SAFETY: q/kv rows are 16-byte readable to round_up(D, 8) (tc_operand, alive in `inp`
@@ -736,8 +758,9 @@ fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, 
     // the given strides (checked by the callers); `rows` (fused) is a scratch of grid_x x 4
     // x P f32, one slot per CTA, freed in stream order after the kernel; the dynamic shared
     // memory is sm90_smem_bytes for these defines and sort_cap; the params type is the
-    // entry's.
-    unsafe { k.launch(grid, [SM90_THREADS + (nwg as u32 - 1) * 128, 1, 1], smem as u32, &prm) }
+    // entry's first parameter, TmaDesc its second: the map of kv (B x P x D at kv's strides:
+    // TMA reads only elements of kv) with IDX90_TMA=1, zeros (unread) with IDX90_TMA=0.
+    unsafe { k.launch2(grid, [SM90_THREADS + (nwg as u32 - 1) * 128, 1, 1], smem as u32, &prm, &kv_map.unwrap_or(TmaDesc::ZERO)) }
 }
 
 /// Dense scores rows of queries `[s_begin, s_begin + s_count)` into `dst` by the kernel

@@ -6,7 +6,7 @@ use crate::nvrtc::KERNEL_SOURCES;
 
 /// `(struct name, size in bytes)` of every Rust params struct.
 pub fn rust_params_sizes() -> Vec<(&'static str, usize)> {
-    [crate::sinkhorn::PARAMS_SIZES, crate::qnorm_rope::PARAMS_SIZES, crate::sparse_indices::PARAMS_SIZES, crate::sparse_attention::PARAMS_SIZES, crate::indexer::PARAMS_SIZES].concat()
+    [crate::sinkhorn::PARAMS_SIZES, crate::qnorm_rope::PARAMS_SIZES, crate::sparse_indices::PARAMS_SIZES, crate::sparse_attention::PARAMS_SIZES, crate::indexer::PARAMS_SIZES, crate::runtime::PARAMS_SIZES].concat()
 }
 
 /// `(struct name, size in bytes, header path)` of every `DSV4_PARAMS_SIZE(Type, bytes);`

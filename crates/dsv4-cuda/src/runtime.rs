@@ -1,6 +1,7 @@
 //! The CUDA runtime of this crate: one [`Gpu`] per device ordinal (primary context, own
 //! stream, device properties, compiled-kernel caches), device memory, and kernel launches
-//! with one by-value params struct.
+//! with one by-value params struct (and, `launch2`, a second by-value argument: a TMA
+//! tensor map, [`TmaDesc`]).
 //!
 //! Built on cudarc's driver API with dynamic loading: libcuda is opened at run time, so a
 //! machine without CUDA builds and tests everything but the GPU runs. Kernels are compiled
@@ -176,6 +177,14 @@ pub fn extra_define(name: &str) -> Option<&'static str> {
     extra_defines().iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// A launcher's `defines` followed by the `extra` ones whose names it does not give: its
+/// own values win over `DSV4_EXTRA_DEFINES` (each name is defined once, so NVRTC neither
+/// warns about a redefinition nor takes the later value behind the launcher's back).
+fn with_extra_defines<'a>(defines: &[(&'a str, String)], extra: &'a [(String, String)]) -> Vec<(&'a str, String)> {
+    let own = |name: &str| defines.iter().any(|(k, _)| *k == name);
+    defines.iter().cloned().chain(extra.iter().filter(|(k, _)| !own(k)).map(|(k, v)| (k.as_str(), v.clone()))).collect()
+}
+
 /// Number of CUDA devices (0 when the driver is missing or reports none).
 pub fn device_count() -> Result<usize> {
     driver_library().map_err(Error::Cuda)?;
@@ -256,14 +265,17 @@ impl Gpu {
     ///
     /// `DSV4_EXTRA_DEFINES="NAME=VALUE,..."` adds defines to every kernel compiled by this
     /// process (a tuning knob: the variants a kernel file documents, timed by `dsv4 bench`
-    /// without a rebuild). The names are part of the cache key like any define.
+    /// without a rebuild). The names are part of the cache key like any define. A name
+    /// `defines` also gives keeps the launcher's value (`with_extra_defines`): a
+    /// launcher that reads a knob and decides against it (a TMA map it cannot build, a
+    /// value out of range) passes its own value and the kernel is compiled with it.
     pub fn kernel(&self, source: &str, entry: &str, defines: &[(&str, String)]) -> Result<Kernel> {
         let extra = extra_defines();
         let with_extra: Vec<(&str, String)>;
         let defines = if extra.is_empty() {
             defines
         } else {
-            with_extra = defines.iter().cloned().chain(extra.iter().map(|(k, v)| (k.as_str(), v.clone()))).collect();
+            with_extra = with_extra_defines(defines, extra);
             &with_extra
         };
         let mkey: ModuleKey = (source.to_string(), defines.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
@@ -600,6 +612,31 @@ impl Kernel {
     /// Every device pointer in `params` must be valid for what the kernel reads/writes,
     /// and `P` must be the params type the entry takes.
     pub unsafe fn launch<P: Copy>(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, params: &P) -> Result<()> {
+        // SAFETY: the caller's promise, for the one argument the entry takes.
+        unsafe { self.launch_args(grid, block, shared_bytes, &mut [params as *const P as *mut c_void]) }
+    }
+
+    /// [`launch`](Self::launch) with TWO by-value arguments: the params struct and a
+    /// second one, e.g. a [`TmaDesc`] the entry takes as `const __grid_constant__ TmaDesc`
+    /// (`extern "C" __global__ void entry(const XParams p, const __grid_constant__ TmaDesc
+    /// map)`). The driver copies both into the kernel's parameter space at the entry's
+    /// offsets (a 64-byte aligned TmaDesc lands 64-byte aligned). Same checks as `launch`.
+    ///
+    /// # Safety
+    /// Every device pointer in `params` and `second` (a tensor map's global address
+    /// included: the map's whole tensor) must be valid for what the kernel reads/writes,
+    /// and `P`, `Q` must be the entry's first and second parameter types.
+    pub unsafe fn launch2<P: Copy, Q: Copy>(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, params: &P, second: &Q) -> Result<()> {
+        // SAFETY: the caller's promise, for the two arguments the entry takes.
+        unsafe { self.launch_args(grid, block, shared_bytes, &mut [params as *const P as *mut c_void, second as *const Q as *mut c_void]) }
+    }
+
+    /// The launch itself: `args` holds one pointer per kernel parameter, each to a value
+    /// of that parameter's type that lives for the call (the driver copies them).
+    ///
+    /// # Safety
+    /// As `launch` / `launch2`, for every pointer of `args`.
+    unsafe fn launch_args(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, args: &mut [*mut c_void]) -> Result<()> {
         let k = &self.inner;
         let gpu = k.gpu;
         gpu.bind()?;
@@ -616,9 +653,95 @@ impl Kernel {
                 *set = shared_bytes;
             }
         }
-        let mut args = [params as *const P as *mut c_void];
-        cu::launch_kernel(k.func, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared_bytes, gpu.stream_raw() as sys::CUstream, &mut args)
+        cu::launch_kernel(k.func, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared_bytes, gpu.stream_raw() as sys::CUstream, args)
             .map_err(|e| Error::Cuda(format!("launching {} (grid {grid:?}, block {block:?}, {shared_bytes} B shared): {e:?}", k.name)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor maps (TMA)
+
+/// A `CUtensorMap` (TMA descriptor): 128 opaque bytes, 64-byte aligned, passed by value to
+/// a kernel that takes `const __grid_constant__ TmaDesc` (kernels/tma.cuh) with
+/// [`Kernel::launch2`]; [`TmaDesc::ZERO`] where the entry takes one but the compiled
+/// variant does not use it. Made by [`Gpu::tma_map_bf16`].
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmaDesc(pub [u64; 16]);
+
+impl TmaDesc {
+    pub const ZERO: TmaDesc = TmaDesc([0; 16]);
+}
+
+const _: () = assert!(size_of::<TmaDesc>() == 128 && align_of::<TmaDesc>() == 64);
+const _: () = assert!(size_of::<sys::CUtensorMap>() == 128 && align_of::<sys::CUtensorMap>() == 64);
+
+/// `(struct name, size in bytes)` of the by-value kernel arguments defined here (mirrored
+/// by `DSV4_PARAMS_SIZE` lines of the kernel headers, tests/params_layout.rs).
+pub const PARAMS_SIZES: &[(&str, usize)] = &[("TmaDesc", size_of::<TmaDesc>())];
+
+/// Why [`Gpu::tma_map_bf16`] cannot map this bf16 tensor (None: it can), by
+/// cuTensorMapEncodeTiled's requirements for a tiled map with the 128-byte swizzle:
+/// rank 1..=5; a 16-byte aligned base; every size in 1..=2^32; the strides of the
+/// dimensions above the innermost (bytes) non-zero multiples of 16 below 2^40; box sizes
+/// in 1..=256, the innermost one 16..=128 bytes in 16-byte steps (the swizzle span).
+/// `dims` and `box_dims` innermost first, in elements; `byte_strides` of dims 1.. .
+pub fn tma_bf16_problem(address: u64, dims: &[u64], byte_strides: &[u64], box_dims: &[u32]) -> Option<String> {
+    let rank = dims.len();
+    if !(1..=5).contains(&rank) || byte_strides.len() + 1 != rank || box_dims.len() != rank {
+        return Some(format!("rank {rank} with {} strides and {} box sizes (TMA: rank 1..=5, rank - 1 strides)", byte_strides.len(), box_dims.len()));
+    }
+    if address == 0 || !address.is_multiple_of(16) {
+        return Some(format!("base address {address:#x} is not 16-byte aligned"));
+    }
+    if let Some(d) = dims.iter().find(|&&d| d == 0 || d > 1 << 32) {
+        return Some(format!("size {d} outside 1..=2^32"));
+    }
+    if let Some(s) = byte_strides.iter().find(|&&s| s == 0 || !s.is_multiple_of(16) || s >= 1 << 40) {
+        return Some(format!("stride of {s} bytes is not a non-zero multiple of 16 below 2^40"));
+    }
+    if box_dims.iter().any(|&b| b == 0 || b > 256) || !(box_dims[0] * 2).is_multiple_of(16) || box_dims[0] * 2 > 128 {
+        return Some(format!("box {box_dims:?} (sizes 1..=256, the innermost 16..=128 bytes in 16-byte steps)"));
+    }
+    None
+}
+
+impl Gpu {
+    /// A TMA map of the bf16 tensor at `address` (`dims` innermost first, in elements;
+    /// `byte_strides` of dims 1..; see [`tma_bf16_problem`]) whose loads move boxes of
+    /// `box_dims` into shared memory in the 128-byte swizzle (the SW128 layout of
+    /// kernels/hopper.cuh when the box is 128 bytes wide), elements outside the tensor
+    /// written as zeros, L2 filled in 256-byte sectors. An error where the requirements do
+    /// not hold or the driver refuses (the caller falls back to a path without TMA).
+    pub fn tma_map_bf16(&self, address: u64, dims: &[u64], byte_strides: &[u64], box_dims: &[u32]) -> Result<TmaDesc> {
+        if let Some(why) = tma_bf16_problem(address, dims, byte_strides, box_dims) {
+            return Err(Error::Cuda(format!("TMA map: {why}")));
+        }
+        self.bind()?;
+        let elem_strides = [1u32; 5];
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        // SAFETY: `map` is a 64-byte aligned CUtensorMap the driver writes; dims, strides,
+        // box and element strides have `rank` (strides rank - 1) entries (checked above);
+        // the driver only encodes `address`, nothing is read or written through it here.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                dims.len() as u32,
+                address as *mut c_void,
+                dims.as_ptr(),
+                byte_strides.as_ptr(),
+                box_dims.as_ptr(),
+                elem_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Cuda(format!("cuTensorMapEncodeTiled (bf16, dims {dims:?}, byte strides {byte_strides:?}, box {box_dims:?}): {e:?}")))?;
+        Ok(TmaDesc(map.opaque))
     }
 }
 
@@ -718,6 +841,32 @@ mod tests {
         assert_eq!(decode_entry(&bad), None);
         assert_eq!(decode_entry(&e[..e.len() - 1]), None);
         assert_eq!(decode_entry(b"garbage"), None);
+    }
+
+    #[test]
+    fn launcher_defines_win_over_extra_defines() {
+        let extra = vec![("IDX90_TMA".to_string(), "1".to_string()), ("IDX90_DIAG".to_string(), "2".to_string())];
+        let own = [("IDX_H", "64".to_string()), ("IDX90_TMA", "0".to_string())];
+        let merged = with_extra_defines(&own, &extra);
+        assert_eq!(merged, vec![("IDX_H", "64".to_string()), ("IDX90_TMA", "0".to_string()), ("IDX90_DIAG", "2".to_string())]);
+        assert_eq!(with_extra_defines(&[], &extra), vec![("IDX90_TMA", "1".to_string()), ("IDX90_DIAG", "2".to_string())]);
+    }
+
+    #[test]
+    fn tma_requirements() {
+        // kv [B=2][P=300][D=128] bf16, contiguous: mappable with 64 x 64 boxes.
+        let (dims, strides, boxes) = ([128u64, 300, 2], [256u64, 300 * 256], [64u32, 64, 1]);
+        assert_eq!(tma_bf16_problem(0x1000, &dims, &strides, &boxes), None);
+        assert!(tma_bf16_problem(0x1008, &dims, &strides, &boxes).is_some(), "8-byte aligned base");
+        assert!(tma_bf16_problem(0x1000, &dims, &[80 + 8, 300 * 256], &boxes).is_some(), "row stride of 44 elements");
+        assert!(tma_bf16_problem(0x1000, &dims, &[256, 0], &boxes).is_some(), "zero stride");
+        assert!(tma_bf16_problem(0x1000, &dims, &[256, 1 << 40], &boxes).is_some(), "stride >= 2^40");
+        assert!(tma_bf16_problem(0x1000, &[128, 0, 2], &strides, &boxes).is_some(), "empty dimension");
+        assert!(tma_bf16_problem(0x1000, &dims, &strides, &[128, 64, 1]).is_some(), "256-byte box rows exceed the swizzle span");
+        assert!(tma_bf16_problem(0x1000, &dims, &strides, &[4, 64, 1]).is_some(), "8-byte box rows");
+        assert!(tma_bf16_problem(0x1000, &dims, &strides[..1], &boxes).is_some(), "a stride missing");
+        // Heads past a box (D = 40 < 64): the box overhangs the tensor, which TMA allows.
+        assert_eq!(tma_bf16_problem(0x1000, &[40, 29, 1], &[80, 29 * 80], &boxes), None);
     }
 
     #[test]

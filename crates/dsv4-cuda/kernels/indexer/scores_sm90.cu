@@ -16,6 +16,8 @@
 // dsv4-test-defines: IDX90_DIAG=2
 // dsv4-test-defines: IDX90_PINGPONG=0
 // dsv4-test-defines: IDX90_PINGPONG=0 IDX_H=17 IDX_D=40
+// dsv4-test-defines: IDX90_TMA=0
+// dsv4-test-defines: IDX90_TMA=0 IDX_H=17 IDX_D=40
 //
 // Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
 // bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
@@ -44,7 +46,8 @@
 // (cp.async.wait_group), fences them to the async proxy (fence.proxy.async), then arrives
 // on the stage's full barrier (the pattern of hopper.cuh: the writing thread fences
 // before the barrier that publishes). The consumer releases a stage after its wgmma group
-// has completed (wgmma.wait_group 0).
+// has completed (wgmma.wait_group 0). IDX90_TMA=1 (below) fills the ring with TMA loads
+// instead (async-proxy writes, completed on the full barrier by byte count).
 //
 // Modes (one code path for the scores, so dense and fused values are bitwise equal):
 // - dense (IDX_FUSED=0): one work item (query block) per CTA; each query's row of P
@@ -66,6 +69,7 @@
 #include "indexer/mma.cuh"
 #include "indexer/select.cuh"
 #include "hopper.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #ifndef IDX_H
@@ -138,6 +142,33 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 #ifndef IDX90_PREFETCH
 #define IDX90_PREFETCH 1
 #endif
+// IDX90_TMA=1 (dense, two warpgroups; the default): the key ring is filled by the tensor
+// memory accelerator instead of the producer warp's cp.async. H200, S = 16384 (docs/perf.md
+// v12): dense scores 1.071 -> 0.915 ms, scores + top-k 1.313 -> 1.154, the ring alone
+// (IDX90_DIAG=3) 0.384 -> 0.221.
+// Why: the cp.async producer publishes tile t - LAG only once cp.async.wait_group<LAG>
+// says its own copies of that tile landed, so at most LAG + 1 = 3 tiles of the 4 stages
+// are in flight, and its 32 lanes issue every 16-byte copy of a tile (32 a lane at
+// D = 128) with their address arithmetic. H200, S = 16384: the ring alone (IDX90_DIAG=3:
+// no products, no epilogue) takes 0.384 ms of the dense kernel's 1.067.
+// With TMA, one lane of the producer warp does per tile: wait for the stage to be free
+// (empty), arm its full barrier with the bytes to come (mbarrier.arrive.expect_tx; full
+// is initialised with count 1), and issue DG box loads (64 keys x 64 head-dim columns,
+// 128-byte swizzle: the box lands as one SW128 group of the stage, the layout cp.async
+// wrote), each completing its bytes on full. It never waits for its own copies, only for
+// free stages: all ST stages can be in flight. The consumers are unchanged (TMA writes
+// through the async proxy that wgmma reads, ordered by the barrier: no proxy fence).
+// The tensor map is kv as a [B][P][D] bf16 tensor (src/indexer.rs, `sm90_kv_tensor_map`):
+// columns >= D and rows >= P of a box are zero-filled (the tail of the last group, read
+// by the k loop up to round_up(D, 16), and the part of the last tile past P) and still
+// count in the transaction bytes, so every stage expects the whole SKV_STAGE. Rows in
+// [n_keys, P) of the last tile now hold real keys where cp.async wrote zeros; their
+// scores are computed but never stored (store_tile). The launcher passes the map and
+// compiles IDX90_TMA=1 only where the map can be made (kv 16-byte aligned, byte strides
+// multiples of 16), else it compiles IDX90_TMA=0 explicitly (the cp.async ring).
+#ifndef IDX90_TMA
+#define IDX90_TMA 1
+#endif
 constexpr int NWG = IDX90_TWO_WG != 0 && IDX_FUSED == 0 ? 2 : 1;  // consumer warpgroups
 constexpr int BQ_CTA = NWG * BQ;                          // queries per CTA
 constexpr int ST = NWG == 2 ? IDX90_TWO_WG_STAGES : 2;    // key-tile ring stages
@@ -157,6 +188,7 @@ constexpr int NCONS_ALL = NWG * NCONS;                    // all consumer thread
 constexpr int NTHREADS = NCONS_ALL + 32;                  // + producer warp
 constexpr bool PINGPONG = IDX90_PINGPONG != 0 && NWG == 2;
 constexpr int BAR_PP_DONE = 3, BAR_PP_ISSUED = 4;          // named barriers (1, 2: the q loads)
+constexpr bool TMA = IDX90_TMA != 0 && NWG == 2;           // the key ring by TMA (see IDX90_TMA)
 
 // Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
 // in src/indexer.rs (which adds 1024 for the alignment of the base):
@@ -176,6 +208,9 @@ constexpr int OFF_SEL = OFF_BAR + BAR_BYTES;
 constexpr int CACHE_BYTES = OFF_W;
 static_assert(SQ_GROUP % 1024 == 0 && SKV_GROUP % 1024 == 0, "SW128 tiles must stay 1024-byte aligned");
 static_assert(OFF_BAR % 8 == 0 && ST >= 2 && ST <= 8, "barrier block");
+// A TMA box (64 keys x 64 bf16 columns) is one SW128 group of the stage; the swizzle
+// pattern of a 128-byte box row is sw128 (16-byte chunk j of row r at j ^ (r % 8)).
+static_assert(SKV_GROUP == BM * 64 * 2, "one TMA box per SW128 group of a key tile");
 
 // acc (64 keys x N q rows) (+)= A B for one k16 step (a template so that only the
 // instruction of this N is instantiated).
@@ -234,7 +269,9 @@ __device__ __forceinline__ void head_sums(const float (&acc)[NQ * HPAD / 2], con
 // Two CTAs per SM: 10 warps, which ptxas caps at 168 registers a thread (128 of them the
 // accumulators at N = 256; no spills in either mode, see tests/nvrtc_compile.rs). Two
 // consumer warpgroups (IDX90_TWO_WG): one CTA an SM, 9 warps.
-extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer_scores_sm90(const IndexerScoresParams p) {
+// kv_map: the TMA tensor map of kv (IDX90_TMA); always passed (zeros when unused), so
+// the signature does not depend on the define.
+extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer_scores_sm90(const IndexerScoresParams p, const __grid_constant__ TmaDesc kv_map) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // SW128 tiles need a 1024-byte aligned base (the swizzle is on address bits 4-9).
     const u32 raw_addr = smem_u32(smem_raw);
@@ -242,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
     const u32 sq_addr = smem_u32(smem);
     const u32 skv_addr = sq_addr + OFF_KV;
     float* sw_all = reinterpret_cast<float*>(smem + OFF_W);  // [NWG][BQ][HPAD] weights, 0 for padding
-    u64* full = reinterpret_cast<u64*>(smem + OFF_BAR);  // [ST]: the producer's 32 lanes arrive
+    u64* full = reinterpret_cast<u64*>(smem + OFF_BAR);  // [ST]: the producer's 32 lanes arrive (TMA: lane 0 + the bytes)
     u64* empty = full + ST;                              // [ST]: every consumer thread arrives
     SelectSmem& ssel = *reinterpret_cast<SelectSmem*>(smem + OFF_SEL);  // fused only
     u64* ssort = reinterpret_cast<u64*>(smem + OFF_SEL + sizeof(SelectSmem));
@@ -259,9 +296,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
 
     if (tid == 0) {
         for (int s = 0; s < ST; ++s) {
-            mbar_init(&full[s], 32);
+            mbar_init(&full[s], TMA ? 1 : 32);
             mbar_init(&empty[s], NCONS_ALL);
         }
+        if constexpr (TMA) tma::fence_barrier_init();  // the TMA unit completes bytes on full
+    }
+    if constexpr (TMA) {
+        if (tid == NCONS_ALL) tma::prefetch_desc(kv_map);  // the producer lane's first load
     }
     // (published by the first barrier of the loop)
 
@@ -335,7 +376,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
             __syncthreads();
         }
 
-        if (warp == NCONS_ALL / 32) {
+        if (TMA && warp == NCONS_ALL / 32) {
+            // ---- producer warp, IDX90_TMA: key tiles by TMA, lane 0 alone ---------------
+            // Box g of tile t: columns [64 g, 64 g + 64) of keys [t*BM, t*BM + BM) of batch
+            // row b, into SW128 group g of the stage. The full barrier expects the whole
+            // stage (out-of-bounds parts of a box count: see tma.cuh).
+            if (lane == 0) {
+                for (int t = 0; t < n_tiles; ++t) {
+                    const u32 g = tiles_done + t;
+                    const int st = static_cast<int>(g % ST);
+                    mbar_wait(&empty[st], ((g / ST) & 1u) ^ 1u);  // stage free (fresh barrier: passes)
+                    const u32 bar = smem_u32(&full[st]);
+                    tma::arrive_expect_tx(bar, SKV_STAGE);
+#pragma unroll
+                    for (int dg = 0; dg < DG; ++dg) {
+                        tma::load_3d(skv_addr + st * SKV_STAGE + dg * SKV_GROUP, kv_map, 64 * dg, t * BM, static_cast<int>(b), bar);
+                    }
+                }
+            }
+        } else if (warp == NCONS_ALL / 32) {
             // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
             // Lane l copies 16-byte chunk c = l % DCHP of rows l / DCHP + (32 / DCHP) i; the
             // row-independent address arithmetic once (the generic loop cost ~37 instructions
@@ -402,6 +461,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                 const float s_hi = (b0 ? u_hi[1] : u_hi[0]) + __shfl_xor_sync(DSV4_FULL_MASK, b0 ? u_hi[0] : u_hi[1], 1);
 
                 if (q_live) {
+                    // Keys >= vis (<= n_keys) are never stored as scores: the rows of the
+                    // last tile past n_keys (zeros with cp.async, real keys with TMA) only
+                    // ever reach the -inf / nothing branches.
                     const i64 key_lo = static_cast<i64>(t) * BM + r, key_hi = key_lo + 8;
                     // Dense: every key of a computed tile below P (-inf when invisible),
                     // or only the visible keys (visible_only). Fused: only the visible
