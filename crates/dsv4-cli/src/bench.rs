@@ -110,7 +110,7 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
     out
 }
 
-fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool) -> Result<()> {
+fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, trace_out: Option<&str>) -> Result<()> {
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -141,6 +141,13 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     pargs.indices = SparseIndices::Plan(&plan);
     let ms = bn.time(|| sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut()))?;
     bn.flops("sparse_attention fwd (plan)", &shape, ms, fwd_flops, "");
+    if let Some(path) = trace_out {
+        // lse of the last plan forward, raw f32 bits: with DSV4_EXTRA_DEFINES=SA90_TRACE=1 it
+        // holds the Hopper forward's clock trace (fwd_sm90.cu; scripts/sa90_trace.py reads it).
+        let bits: Vec<u8> = lse.to_f32_vec()?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        let file = format!("{path}.s{s}.h{h}.d{d}.bin");
+        std::fs::write(&file, bits).map_err(|e| Error::Data(format!("--trace-out {file}: {e}")))?;
+    }
     if fwd_only {
         return Ok(());
     }
@@ -343,19 +350,20 @@ pub fn main(args: &[String]) -> Result<bool> {
     let json = args.iter().any(|a| a == "--json");
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
+    let trace_out = crate::opt(args, "--trace-out");
     let mut bn = Bench::new(iters)?;
     let mut rng = Rng(42);
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {
         for s in sizes(args, "--s", &[4096, 16384]) {
-            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only)?;
+            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, trace_out)?;
         }
         for h in [16, 32, 128] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only)?;
+            bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, trace_out)?;
         }
         for d in [128, 256] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only)?;
+            bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, trace_out)?;
         }
         ran = true;
     }

@@ -1,7 +1,7 @@
 // Sparse MQA attention with sinks, forward (SPEC.md section 1), Hopper path (sm_90a):
 // wgmma products fed by a producer warpgroup, for D = 512 and a block of 64 heads.
-// Staggered schedule: the running max is a chain between the two consumers, so one
-// consumer's softmax overlaps the other's products (docs/perf.md v6).
+// The running max is a chain between the two consumers, and each block's buffer goes back
+// to the producer as soon as both its P V products are done (docs/perf.md v12).
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows that
 // are never stored). Three warpgroups:
@@ -10,23 +10,23 @@
 //        are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
 //        and R (256-511), each with a "ready" mbarrier (the producer's 128 threads) and a
 //        "free" one (both consumers' 256 threads). Per iteration the halves are refilled
-//        in the order they are freed: buffer 0 L, buffer 1 R, buffer 0 R, buffer 1 L.
+//        in the order they are freed: buffer 0 L, buffer 0 R, buffer 1 L, buffer 1 R.
 //   WG 1 and WG 2, consumers c = 0, 1: consumer c owns block 2i + c of iteration i and
 //        O's columns [256c, 256c + 256) (128 f32 a thread). S_c = Q K_c^T (64 x 64, m64n64k16
-//        over D as two wgmma groups, one per half: consumer 0 starts with L, consumer 1
-//        with R, the halves the producer refills first).
-//   The running max is a chain, so that one consumer's softmax runs while the other's
-//   products do (no barrier where both wait for each other's maxima):
-//     c0: m0 = max(m, rowmax S0); P0 = exp2(S0 - m0); O_L, l0 rescaled to m0; m0 published
-//         (barrier A, arrive); O_L += P0 V0_L issued (A from registers);
-//     c1: (A) m1 = max(m0, rowmax S1); P1 = exp2(S1 - m1); O_R, l1 rescaled to m1; m1
-//         published (B, arrive); P1 -> shared (D, arrive); O_R += P1 V1_R issued;
-//     c0: (B) f = exp2(m0 - m1) <= 1; P0 * f -> shared (C, arrive); (D) O_L, l0 *= f;
-//         O_L += P1 V1_L (A from shared memory);
-//     c1: (C) O_R += (P0 f) V0_R.
-//   Both consumers end the iteration at m1 (the pair's max); each frees each half once its
-//   last product on it is done and issues its next S as two halves around those frees
-//   (the end of the loop says in which order, and why any other deadlocks).
+//        over D as two wgmma groups, one per column half, L first).
+//   Per iteration (mx: consumer 0's running max, my: the pair's; barriers M0, P0, M1, P1):
+//     c0: mx = max(m, rowmax S0) published (M0); P0 = exp2(S0 - mx) -> shared (P0);
+//         O_L, l rescaled to mx; O_L += P0 V0_L issued (A from registers);
+//     c1: (M0) my = max(mx, rowmax S1) published (M1); O_R, l rescaled to mx; (P0)
+//         O_R += P0 V0_R issued (A from shared memory); P1 = exp2(S1 - my) -> shared (P1);
+//         once P0 V0_R is done (buffer 0 R freed): O_R, l rescaled to my; O_R += P1 V1_R;
+//     c0: (M1) once P0 V0_L is done (buffer 0 L freed): O_L, l rescaled to my; (P1)
+//         O_L += P1 V1_L (A from shared memory).
+//   So block 0's buffer is free mid-iteration and its refill overlaps block 1's products
+//   (before v12, P0 went to consumer 1 rescaled after M1 and block 0's buffer was freed
+//   last: its refill sat on every iteration's critical path, SA90_TRACE showed).
+//   Both consumers end the iteration at my; each issues its next S after the frees that
+//   the other consumer's next S needs (the end of the loop says in which order).
 // The sink starts the running max (m = sink, l = 1 counted once by consumer 0), so an
 // empty row ends with out = 0 and lse = sink, and |logits| ~ 1e4 never overflow; logits
 // are kept in log2 units (sm_scale * log2 e), lse is stored in natural log.
@@ -40,6 +40,9 @@
 // dsv4-test-defines: DSV4_SA90_DIAG=5
 // dsv4-test-defines: SA90_PREFETCH=0
 // dsv4-test-defines: DSV4_SA90_DIAG=8
+// dsv4-test-defines: SA90_TRACE=1
+// dsv4-test-defines: SA90_KEYS_FIRST=0
+// dsv4-test-defines: SA90_CONSUMER_REGS=224 SA90_PRODUCER_REGS=56
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -75,8 +78,64 @@ using dsv4::sa::slot_key;
 #ifndef SA90_PREFETCH
 #define SA90_PREFETCH 1
 #endif
+// SA90_KEYS_FIRST=1 (default): the producer reads its first slot keys before it issues the Q
+// tile's copies (see there); 0: after them, as before v12 (to compare).
+#ifndef SA90_KEYS_FIRST
+#define SA90_KEYS_FIRST 1
+#endif
+// The register split of setmaxnreg (2 x 128 consumer threads + 128 producer threads within
+// the 64 K registers of an SM): 232 / 40 (default); 224 / 56 gives the producer's copy loop
+// room (ptxas: 88 fewer instructions in the kernel, no spills either side; to time).
+#ifndef SA90_CONSUMER_REGS
+#define SA90_CONSUMER_REGS 232
+#endif
+#ifndef SA90_PRODUCER_REGS
+#define SA90_PRODUCER_REGS 40
+#endif
+static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
+
+// SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup of every 8th row's CTA
+// records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
+// survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no CTA writes
+// its lse): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
+// plan forward and scripts/sa90_trace.py reads it. Slots: see trace_slot below.
+#ifndef SA90_TRACE
+#define SA90_TRACE 0
+#endif
 
 namespace {
+// Trace slots: 0 smid, 1 producer entry, 2 Q copies issued, 3 slot keys ready, 4/5 consumer
+// 0/1 Q ready, 6/7 loop done, 8/9 output stored, 10 n_iters, 11 producer done, 12 / 13
+// %globaltimer (ns) at 1 / 8 (the two clocks' ratio is the SM clock rate); producer
+// iteration it (< 14) step st: 16 + 8 it + 2 st (free wait done), + 1 (copies issued);
+// consumer c iteration it (< 16): 128 + 192 c + 12 it + e with e = 0 / 1 (S half 0: before /
+// after its ready wait), 2 / 3 (half 1), 4 S done, 5 keys ready, 6 max published, 7 own
+// P V issued, 8 (consumer 0) P0 V0_L done, 9 the chain's P hand-off done, 10 other P V
+// issued, 11 iteration done.
+__device__ __forceinline__ void trace_at(const SparseAttnFwdParams& p, i64 row, int slot) {
+    if constexpr (SA90_TRACE != 0) {
+        if (row % 8 == 0 && slot < 8 * p.H) {
+            long long c;
+            asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
+            p.lse[row * p.H + slot] = __uint_as_float(static_cast<u32>(c) & 0x3fffffffu);
+        }
+    }
+}
+// The same with %globaltimer (ns), to convert clocks to time.
+__device__ __forceinline__ void trace_ns_at(const SparseAttnFwdParams& p, i64 row, int slot) {
+    if constexpr (SA90_TRACE != 0) {
+        if (row % 8 == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+            p.lse[row * p.H + slot] = __uint_as_float(static_cast<u32>(t) & 0x3fffffffu);
+        }
+    }
+}
+#define SA90_T(slot) \
+    do { \
+        if (SA90_TRACE != 0 && wtid == 0) trace_at(p, row, (slot)); \
+    } while (0)
+
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M)
 constexpr int kBN = 64;                  // slots per block (one consumer's S columns)
@@ -171,6 +230,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
     mbar_wait(q_bar, 0);
+    SA90_T(4 + cw);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
     const u64 kd = sw128_desc(my_kv, 16, 1024);
@@ -181,44 +241,31 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     const u64 other_pd = sw128_desc(p_base + (1 - cw) * kPBytes, 16, 1024);
 
     // S = Q K^T of this consumer's block of iteration `it`, into `sc`: one wgmma group per
-    // column half, half `hh` = 0 first (consumer 0: L, consumer 1: R, the halves the producer
-    // refills first), each after its half landed. The two halves are issued apart at the end
-    // of an iteration (see there), so each is its own function call.
+    // column half (L = columns 0-255 first, the half the producer refills first), each after
+    // its half landed.
     float sc[32];
-    auto issue_s_half = [&](int it, int hh) {
-        const int half = hh ^ cw;
+    auto issue_s_half = [&](int it, int half) {
+        if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half);
         mbar_wait(ready_bar + cw * 2 + half, it & 1);
+        if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half + 1);
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), hh > 0 || k > 0);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half > 0 || k > 0);
         }
         wgmma_commit();
     };
-    if (n_iters > 0) {
-        issue_s_half(0, 0);
-        issue_s_half(0, 1);
-    }
-
-    for (int it = 0; it < n_iters; ++it) {
-        const u32 par = it & 1;
-        wgmma_wait<0>();
-        fence_regs(sc);
-        fence_regs(o);
-        // This block's S done: the other half of this buffer (used by the other consumer's
-        // P V only) is this consumer's to free now.
-        mbar_arrive(free_bar + cw * 2 + (1 - cw));
-        // ... and the other buffer's other half, which this consumer never reads.
-        mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
-
-        // Scale, mask (one key a lane, two ballots), this block's row maxima.
+    // This block's scores scaled to log2 units and masked (one key a lane, two ballots);
+    // returns the rows' maxima of the block in pm0 / pm1.
+    auto mask_and_max = [&](int it, float& pm0, float& pm1) {
         mbar_wait(x.keys_bar + cw, it & 1);
         const u32 valid_lo = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + lane] >= 0);
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
-        float pm0 = neg_inf(), pm1 = neg_inf();
+        pm0 = neg_inf();
+        pm1 = neg_inf();
 #pragma unroll
         for (int jj = 0; jj < 8 && (DSV4_SA90_DIAG & 4) == 0; ++jj) {
             const int col = 8 * (jj % 4) + 2 * c4;
@@ -235,122 +282,185 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         pm1 = fmaxf(pm1, __shfl_xor_sync(DSV4_FULL_MASK, pm1, 1));
         pm0 = fmaxf(pm0, __shfl_xor_sync(DSV4_FULL_MASK, pm0, 2));
         pm1 = fmaxf(pm1, __shfl_xor_sync(DSV4_FULL_MASK, pm1, 2));
-
-        // The chain: consumer 0 starts from its own running max; consumer 1 from consumer
-        // 0's published one (never below its own: both ended the last iteration at m1).
-        if constexpr (cw == 1) {
-            named_sync(kBarM0, 256);
-            pm0 = fmaxf(pm0, max_s[r0]);
-            pm1 = fmaxf(pm1, max_s[r1]);
-        }
-        const float mn0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mn1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
-        const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mn0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        if (c4 == 0) {
-            max_s[cw * kHB + r0] = mn0;
-            max_s[cw * kHB + r1] = mn1;
-        }
-        named_arrive(cw == 0 ? kBarM0 : kBarM1, 256);
-
-        // P = exp2(S - m) (f32 kept in sc for consumer 0's later rescale), bf16 A fragments.
-        u32 pa[4][4];
-        float ps0 = 0.0f, ps1 = 0.0f;
+    };
+    // P = exp2(S - m) per row into bf16 A fragments `pa`; returns the rows' partial sums.
+    // (sc is only read: consumer 1 runs this while its P0 V0_R is in flight, and ptxas
+    // serializes every wgmma if registers of a wgmma accumulator are written there.)
+    auto softmax_p = [&](float mr0, float mr1, u32 (&pa)[4][4], float& ps0, float& ps1) {
+        ps0 = 0.0f;
+        ps1 = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
+            float e[4] = {sc[4 * jj + 0], sc[4 * jj + 1], sc[4 * jj + 2], sc[4 * jj + 3]};
             if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
-                sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mn0);
-                sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mn0);
-                sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mn1);
-                sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mn1);
-                ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
-                ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
+                e[0] = sa90::exp2_p(e[0] - mr0);
+                e[1] = sa90::exp2_p(e[1] - mr0);
+                e[2] = sa90::exp2_p(e[2] - mr1);
+                e[3] = sa90::exp2_p(e[3] - mr1);
+                ps0 += e[0] + e[1];
+                ps1 += e[2] + e[3];
             }
-            pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0], sc[4 * jj + 1]);
-            pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(sc[4 * jj + 2], sc[4 * jj + 3]);
+            pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(e[0], e[1]);
+            pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(e[2], e[3]);
         }
-        l0 = l0 * al0 + ps0;
-        l1 = l1 * al1 + ps1;
-        rescale_o(o, al0, al1);
-        if constexpr (cw == 1) {
-            // P1 is already at the pair's max: to shared memory for consumer 0 at once.
+    };
+    // This consumer's P tile to shared memory for the other consumer's P V (SW128).
+    auto store_p = [&](const u32 (&pa)[4][4]) {
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r0, jj) + 4 * c4), "r"(pa[jj / 2][(jj % 2) * 2 + 0]) : "memory");
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r1, jj) + 4 * c4), "r"(pa[jj / 2][(jj % 2) * 2 + 1]) : "memory");
-            }
-            fence_proxy_async();
-            named_arrive(kBarP1, 256);
+        for (int jj = 0; jj < 8; ++jj) {
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r0, jj) + 4 * c4), "r"(pa[jj / 2][(jj % 2) * 2 + 0]) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r1, jj) + 4 * c4), "r"(pa[jj / 2][(jj % 2) * 2 + 1]) : "memory");
         }
-
-        // O[:, my half] += P_c V_c (A from registers).
+        fence_proxy_async();
+    };
+    // O[:, my half] += P V_c with P from registers (own block) or shared memory (other's).
+    auto issue_pv_own = [&](const u32 (&pa)[4][4]) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
         wgmma_commit();
-
-        if constexpr (cw == 0) {
-            // P0 V0_L done before waiting for m1: buffer 0 L goes back to the producer (which
-            // refills it first) sooner. (After the P0 store, as before: 3.39 against 3.30 ms.)
-            wgmma_wait<0>();
-            fence_regs(o);
-            mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
-            // Rescale P0 to the pair's max m1 and hand it to consumer 1; O_L and l too.
-            named_sync(kBarM1, 256);
-            const float f0 = sa90::exp2_p(mn0 - max_s[kHB + r0]), f1 = sa90::exp2_p(mn1 - max_s[kHB + r1]);
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r0, jj) + 4 * c4), "r"(pack_bf16(sc[4 * jj + 0] * f0, sc[4 * jj + 1] * f0)) : "memory");
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(my_p + sw128(r1, jj) + 4 * c4), "r"(pack_bf16(sc[4 * jj + 2] * f1, sc[4 * jj + 3] * f1)) : "memory");
-            }
-            fence_proxy_async();
-            named_arrive(kBarP0, 256);
-            m0 = max_s[kHB + r0];
-            m1 = max_s[kHB + r1];
-            l0 *= f0;
-            l1 *= f1;
-            rescale_o(o, f0, f1);
-            named_sync(kBarP1, 256);
-        } else {
-            named_sync(kBarP0, 256);
-        }
-
-        // O[:, my half] += P_other V_other (A from shared memory, both at the pair's max).
-        mbar_wait(ready_bar + (1 - cw) * 2 + cw, par);  // landed already (the other consumer waited); orders it for this thread
+    };
+    auto issue_pv_other = [&](int it) {
+        mbar_wait(ready_bar + (1 - cw) * 2 + cw, it & 1);  // landed already (the other consumer waited); orders it for this thread
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
         wgmma_commit();
-        // The next S, as two halves around the frees that let the producer refill the other
-        // consumer's buffer (each consumer's next S needs both halves of its buffer, and the
-        // other consumer's products on it done: waiting for all products before issuing any of
-        // the next S would deadlock the chain or expose the loads).
-        //   c0: S_L(it+1) needs buffer 0 L, freed mid-iteration; then P1 V1_L is waited
-        //       for and buffer 1 L freed; then S_R(it+1) (buffer 0 R, freed by c1 below).
-        //   c1: P1 V1_R is waited for and buffer 1 R freed; S_R(it+1); then P0 V0_R is waited
-        //       for and buffer 0 R freed; then S_L(it+1) (buffer 1 L, freed by c0 above).
+    };
+
+    if (n_iters > 0) {
+        issue_s_half(0, 0);
+        issue_s_half(0, 1);
+    }
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
         const bool more = it + 1 < n_iters;
-        if constexpr (cw == 1) {
-            wgmma_wait<1>();  // P1 V1_R (groups complete in order)
-            mbar_arrive(free_bar + 1 * 2 + 1);  // buffer 1 R: S1 and P1 V1_R done
-        }
-        if (more) {
-            issue_s_half(it + 1, 0);
-            wgmma_wait<1>();  // this iteration's last product; the new S half runs on
+        u32 pa[4][4];
+        float pm0, pm1, ps0, ps1;
+        if constexpr (cw == 0) {
+            wgmma_wait<0>();  // S0 (and the last iteration's P1 V1_L)
+            fence_regs(sc);
+            fence_regs(o);
+            SA90_T(tb + 4);
+            // S0 done: buffer 0 R (read by consumer 1's P0 V0_R only from here) and buffer 1
+            // R (never read by this consumer) are consumer 1's.
+            mbar_arrive(free_bar + 0 * 2 + 1);
+            mbar_arrive(free_bar + 1 * 2 + 1);
+            mask_and_max(it, pm0, pm1);
+            SA90_T(tb + 5);
+            // mx = max(m, rowmax S0), published for consumer 1 (barrier M0).
+            const float mx0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mx1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
+            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
+            if (c4 == 0) {
+                max_s[r0] = mx0;
+                max_s[r1] = mx1;
+            }
+            named_arrive(kBarM0, 256);
+            SA90_T(tb + 6);
+            // P0 = exp2(S0 - mx): to shared memory for consumer 1's P0 V0_R (barrier P0).
+            softmax_p(mx0, mx1, pa, ps0, ps1);
+            store_p(pa);
+            named_arrive(kBarP0, 256);
+            l0 = l0 * al0 + ps0;
+            l1 = l1 * al1 + ps1;
+            rescale_o(o, al0, al1);
+            issue_pv_own(pa);  // O_L += P0 V0_L
+            SA90_T(tb + 7);
+            // The pair's max my = max(mx, rowmax S1) from consumer 1 (barrier M1).
+            named_sync(kBarM1, 256);
+            const float my0 = max_s[kHB + r0], my1 = max_s[kHB + r1];
+            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
+            m0 = my0;
+            m1 = my1;
+            l0 *= f0;
+            l1 *= f1;
+            wgmma_wait<0>();  // P0 V0_L
+            fence_regs(o);
+            mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
+            SA90_T(tb + 8);
+            rescale_o(o, f0, f1);
+            named_sync(kBarP1, 256);  // P1 (at my) in shared memory
+            SA90_T(tb + 9);
+            issue_pv_other(it);  // O_L += P1 V1_L
+            SA90_T(tb + 10);
+            // The next S0's first half (buffer 0 L, refilled since mid-iteration) goes in
+            // while P1 V1_L runs; buffer 1 L is freed once P1 V1_L is done.
+            if (more) {
+                issue_s_half(it + 1, 0);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            fence_regs(o);
+            mbar_arrive(free_bar + 1 * 2 + 0);  // buffer 1 L: P1 V1_L done
+            if (more) issue_s_half(it + 1, 1);
         } else {
+            wgmma_wait<0>();  // S1 (and the last iteration's P1 V1_R)
+            fence_regs(sc);
+            fence_regs(o);
+            SA90_T(tb + 4);
+            // S1 done: buffer 1 L (read by consumer 0's P1 V1_L only from here) and buffer 0
+            // L (never read by this consumer) are consumer 0's.
+            mbar_arrive(free_bar + 1 * 2 + 0);
+            mbar_arrive(free_bar + 0 * 2 + 0);
+            mask_and_max(it, pm0, pm1);
+            SA90_T(tb + 5);
+            // The pair's max my = max(mx, rowmax S1) (mx from consumer 0, barrier M0; >= m:
+            // both ended the last iteration at my), published for consumer 0 (barrier M1).
+            named_sync(kBarM0, 256);
+            const float mx0 = max_s[r0], mx1 = max_s[r1];
+            const float my0 = (DSV4_SA90_DIAG & 4) ? mx0 : fmaxf(mx0, pm0), my1 = (DSV4_SA90_DIAG & 4) ? mx1 : fmaxf(mx1, pm1);
+            if (c4 == 0) {
+                max_s[kHB + r0] = my0;
+                max_s[kHB + r1] = my1;
+            }
+            named_arrive(kBarM1, 256);
+            SA90_T(tb + 6);
+            // O_R += P0 V0_R at mx first, so that buffer 0 R goes back to the producer early
+            // (consumer 0's next S0 needs it).
+            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
+            l0 *= al0;
+            l1 *= al1;
+            rescale_o(o, al0, al1);
+            named_sync(kBarP0, 256);
+            SA90_T(tb + 9);
+            issue_pv_other(it);  // O_R += P0 V0_R
+            SA90_T(tb + 10);
+            // P1 = exp2(S1 - my): to shared memory for consumer 0's P1 V1_L (barrier P1).
+            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
+            softmax_p(my0, my1, pa, ps0, ps1);
+            store_p(pa);
+            named_arrive(kBarP1, 256);
+            m0 = my0;
+            m1 = my1;
+            l0 = l0 * f0 + ps0;
+            l1 = l1 * f1 + ps1;
+            wgmma_wait<0>();  // P0 V0_R
+            fence_regs(o);
+            mbar_arrive(free_bar + 0 * 2 + 1);  // buffer 0 R: P0 V0_R done
+            SA90_T(tb + 8);
+            rescale_o(o, f0, f1);
+            issue_pv_own(pa);  // O_R += P1 V1_R
+            SA90_T(tb + 7);
             wgmma_wait<0>();
+            fence_regs(o);
+            mbar_arrive(free_bar + 1 * 2 + 1);  // buffer 1 R: S1 and P1 V1_R done
+            if (more) {
+                issue_s_half(it + 1, 0);
+                issue_s_half(it + 1, 1);
+            }
         }
-        fence_regs(o);
-        mbar_arrive(free_bar + (1 - cw) * 2 + cw);  // the other buffer's half of my columns
-        if (more) issue_s_half(it + 1, 1);
+        SA90_T(tb + 11);
     }
     // Nothing is in flight here (the last iteration waited for all its products); the
     // explicit wait tells ptxas so.
     wgmma_wait<0>();
     fence_regs(o);
+    SA90_T(6 + cw);
 
     // Row sums: this thread's quad, then the two consumers (both at the same max).
     l0 += __shfl_xor_sync(DSV4_FULL_MASK, l0, 1);
@@ -384,7 +494,9 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
         }
     }
-    if (cw == 0 && c4 == 0) {
+    SA90_T(8 + cw);
+    if (SA90_TRACE != 0 && wtid == 0 && cw == 0) trace_ns_at(p, row, 13);
+    if (cw == 0 && c4 == 0 && SA90_TRACE == 0) {
         if (h0 + r0 < p.H) p.lse[row * p.H + h0 + r0] = (m0 + log2f(lt0)) * kLn2;
         if (h0 + r1 < p.H) p.lse[row * p.H + h0 + r1] = (m1 + log2f(lt1)) * kLn2;
     }
@@ -425,9 +537,41 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     if (wg == 0) {
         // ---------------- producer ----------------
-        regs_dec<40>();
+        regs_dec<SA90_PRODUCER_REGS>();
+        if (SA90_TRACE != 0 && wtid == 0) {
+            u32 smid;
+            asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
+            if (row % 8 == 0) p.lse[row * p.H] = __uint_as_float(smid);
+            if (row % 8 == 0) p.lse[row * p.H + 10] = __uint_as_float(static_cast<u32>(n_iters));
+            trace_ns_at(p, row, 12);
+        }
+        SA90_T(1);
+        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
+        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
+        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
+        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
+        const i64 bias = b * p.idx_bias;
+        auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
+        };
+        auto store_chunk_keys = [&](const int (&k)[kChunk / 128]) {
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+            named_sync(8, 128);
+        };
+        // The first chunk's index reads go out before the Q tile's copies, whose issue
+        // (~2,700 cycles, SA90_TRACE) then covers their latency (SA90_KEYS_FIRST=0: after).
+        int k_first[kChunk / 128];
+        if (SA90_KEYS_FIRST && n_iters > 0) load_chunk_keys(0, k_first);
         sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::producer_handoff(q_bar);
+        SA90_T(2);
+        if (n_iters > 0) {
+            if (!SA90_KEYS_FIRST) load_chunk_keys(0, k_first);
+            store_chunk_keys(k_first);
+            SA90_T(3);
+        }
 #if SA90_PREFETCH
         {
             const i64 next = sa90::next_row_on_sm(row);
@@ -438,57 +582,63 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             }
         }
 #endif
-        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
-        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
-        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
-        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
-        const i64 bias = b * p.idx_bias;
         const bf16* kv_b = p.kv + b * p.kv_sb;
+        const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
+        const char* kv_col = reinterpret_cast<const char*>(kv_b) + (wtid % 8) * 16;  // this thread's 16-byte chunk j of a 128-byte group
         const int j = wtid % 8, r_base = wtid / 8;
         for (int it = 0; it < n_iters; ++it) {
             const int slot0 = it * 2 * kBN;
-            if (slot0 % kChunk == 0) {
-                if (slot0 > 0) named_sync(8, 128);  // every producer thread is done with the last chunk
+            if (slot0 > 0 && slot0 % kChunk == 0) {
+                named_sync(8, 128);  // every producer thread is done with the last chunk
                 int k[kChunk / 128];
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
-#pragma unroll
-                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-                named_sync(8, 128);
+                load_chunk_keys(slot0, k);
+                store_chunk_keys(k);
             }
-            // (buffer, half) in the order the consumers free them. (Refilling them in the
+            // (buffer, half) in the order the consumers free them: 0 L, 0 R (after P0 V0_L
+            // and P0 V0_R, mid-iteration), 1 L, 1 R (at its end). (Refilling them in the
             // order they are actually freed, lane 0 of each warp polling the four "free"
             // barriers, measured 3.94 against 3.39 ms: docs/perf.md v9.)
 #pragma unroll 1
             for (int step = 0; step < 4; ++step) {
-                const int buf = (step == 1 || step == 3) ? 1 : 0;
-                const int half = (step == 1 || step == 2) ? 1 : 0;
+                const int buf = step / 2;
+                const int half = step % 2;
                 if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
+                if (it < 14) SA90_T(16 + 8 * it + 2 * step);
                 const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
-                if (step < 2 && j == 0) {  // the first half of each buffer carries the block's keys
+                // This thread's four rows r_base + 16 i: their keys first (four independent
+                // loads), then 64-bit row offsets without selects (an invalid key reads row 0
+                // with source size 0: nothing), so that the four rows' address chains overlap
+                // (the SA90_TRACE / ncu profile of v12: one dependent chain per row, ~50
+                // instructions, made issuing a 32 KiB half take 700-1,500 cycles).
+                int key[4];
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = keys[r_base + 16 * i];
+                for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
+                if (half == 0 && j == 0) {  // the first half of each buffer carries the block's keys
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
                     mbar_arrive(keys_bar + buf);
                 }
-                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes;
+                // Rows r_base + 16 i share r % 8, so their SW128 offsets are 16 i rows apart.
+                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
+                const char* col = kv_col + half * 512;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int r = r_base + 16 * i;
-                    const int key = keys[r];
-                    const bf16* src = key >= 0 ? kv_b + static_cast<i64>(key) * p.kv_sk + half * 256 + j * 8 : p.kv;
+                    const char* src = col + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
 #pragma unroll
                     for (int gg = 0; gg < 4; ++gg)
-                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + gg * kGroupBytes + sw128(r, j), key >= 0 ? src + gg * 64 : src, key >= 0);
+                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0);
                 }
                 sa90::producer_handoff(ready_bar + buf * 2 + half);
+                if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
             }
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
+        SA90_T(11);
         return;
     }
 
     // ---------------- consumers ----------------
-    regs_inc<232>();
+    regs_inc<SA90_CONSUMER_REGS>();
     const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid};
     if (wg == 1) {
         consume<0>(p, ctx);
