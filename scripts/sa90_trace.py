@@ -55,6 +55,8 @@ def main():
     print("\nevent (cycles from the producer's entry): median (p10, p90)")
     for s, n in names.items():
         print(f"  {n:22s} {q([rel(w, s) for w in sel])}")
+    # (consumer 1 since v12: "P hand-off done" / "other PV issued" are its P0 V0_R, which
+    # comes before its own P1 V1_R; "P0V0_L done" is its P0 V0_R done.)
     ev = ["S h0 wait start", "S h0 ready", "S h1 wait start", "S h1 ready", "S done", "keys ready",
           "max published", "own PV issued", "P0V0_L done", "P hand-off done", "other PV issued", "iter done"]
     for c in (0, 1):
@@ -63,8 +65,6 @@ def main():
             base = 128 + 192 * c + 12 * it
             cells = []
             for e, n in enumerate(ev):
-                if c == 1 and e == 8:
-                    continue
                 vals = [rel(w, base + e) for w in sel]
                 cells.append(f"{n}={statistics.median(vals):.0f}")
             print(f"  it {it}: " + ", ".join(cells))
@@ -73,7 +73,7 @@ def main():
         for hh in (0, 1):
             waits = [[(rel(w, 128 + 192 * c + 12 * it + 2 * hh + 1) - rel(w, 128 + 192 * c + 12 * it + 2 * hh)) for w in sel] for it in range(min(full, 16))]
             print(f"  S half {hh} ready wait by iteration: " + ", ".join(q(x).split()[0] for x in waits))
-    print("\nproducer: free wait done / copies issued by iteration, step (0: b0 L, 1: b1 R, 2: b0 R, 3: b1 L)")
+    print("\nproducer: free wait done / copies issued by iteration, step (0: buffer 0 L, 1: 0 R, 2: 1 L, 3: 1 R, the refill order since v12)")
     for it in range(min(full, 14)):
         cells = []
         for st in range(4):
