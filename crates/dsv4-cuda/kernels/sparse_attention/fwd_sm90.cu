@@ -331,6 +331,22 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_commit();
     };
 
+    // This iteration's S done (and every product before it): the two halves this consumer
+    // reads no more are the other consumer's (consumer 0: buffer 0 R, read by consumer 1's
+    // P0 V0_R only from here, and buffer 1 R, never read by consumer 0; consumer 1: buffer
+    // 1 L, read by consumer 0's P1 V1_L only, and buffer 0 L), then the mask and the row
+    // maxima of the block.
+    auto s_done = [&](int it, int tb, float& pm0, float& pm1) {
+        wgmma_wait<0>();
+        fence_regs(sc);
+        fence_regs(o);
+        SA90_T(tb + 4);
+        mbar_arrive(free_bar + cw * 2 + (1 - cw));
+        mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
+        mask_and_max(it, pm0, pm1);
+        SA90_T(tb + 5);
+    };
+
     if (n_iters > 0) {
         issue_s_half(0, 0);
         issue_s_half(0, 1);
@@ -342,16 +358,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         u32 pa[4][4];
         float pm0, pm1, ps0, ps1;
         if constexpr (cw == 0) {
-            wgmma_wait<0>();  // S0 (and the last iteration's P1 V1_L)
-            fence_regs(sc);
-            fence_regs(o);
-            SA90_T(tb + 4);
-            // S0 done: buffer 0 R (read by consumer 1's P0 V0_R only from here) and buffer 1
-            // R (never read by this consumer) are consumer 1's.
-            mbar_arrive(free_bar + 0 * 2 + 1);
-            mbar_arrive(free_bar + 1 * 2 + 1);
-            mask_and_max(it, pm0, pm1);
-            SA90_T(tb + 5);
+            s_done(it, tb, pm0, pm1);  // S0 (and the last iteration's P1 V1_L)
             // mx = max(m, rowmax S0), published for consumer 1 (barrier M0).
             const float mx0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mx1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
             const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
@@ -399,16 +406,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             mbar_arrive(free_bar + 1 * 2 + 0);  // buffer 1 L: P1 V1_L done
             if (more) issue_s_half(it + 1, 1);
         } else {
-            wgmma_wait<0>();  // S1 (and the last iteration's P1 V1_R)
-            fence_regs(sc);
-            fence_regs(o);
-            SA90_T(tb + 4);
-            // S1 done: buffer 1 L (read by consumer 0's P1 V1_L only from here) and buffer 0
-            // L (never read by this consumer) are consumer 0's.
-            mbar_arrive(free_bar + 1 * 2 + 0);
-            mbar_arrive(free_bar + 0 * 2 + 0);
-            mask_and_max(it, pm0, pm1);
-            SA90_T(tb + 5);
+            s_done(it, tb, pm0, pm1);  // S1 (and the last iteration's P1 V1_R)
             // The pair's max my = max(mx, rowmax S1) (mx from consumer 0, barrier M0; >= m:
             // both ended the last iteration at my), published for consumer 0 (barrier M1).
             named_sync(kBarM0, 256);
