@@ -112,24 +112,21 @@ namespace {
 // after its ready wait), 2 / 3 (half 1), 4 S done, 5 keys ready, 6 max published, 7 own
 // P V issued, 8 (consumer 0) P0 V0_L done, 9 the chain's P hand-off done, 10 other P V
 // issued, 11 iteration done.
-__device__ __forceinline__ void trace_at(const SparseAttnFwdParams& p, i64 row, int slot) {
+__device__ __forceinline__ void trace_put(const SparseAttnFwdParams& p, i64 row, int slot, u32 value) {
     if constexpr (SA90_TRACE != 0) {
-        if (row % 8 == 0 && slot < 8 * p.H) {
-            long long c;
-            asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
-            p.lse[row * p.H + slot] = __uint_as_float(static_cast<u32>(c) & 0x3fffffffu);
-        }
+        if (row % 8 == 0 && slot < 8 * p.H) p.lse[row * p.H + slot] = __uint_as_float(value);
     }
+}
+__device__ __forceinline__ void trace_at(const SparseAttnFwdParams& p, i64 row, int slot) {
+    long long c;
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
+    trace_put(p, row, slot, static_cast<u32>(c) & 0x3fffffffu);
 }
 // The same with %globaltimer (ns), to convert clocks to time.
 __device__ __forceinline__ void trace_ns_at(const SparseAttnFwdParams& p, i64 row, int slot) {
-    if constexpr (SA90_TRACE != 0) {
-        if (row % 8 == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-            p.lse[row * p.H + slot] = __uint_as_float(static_cast<u32>(t) & 0x3fffffffu);
-        }
-    }
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    trace_put(p, row, slot, static_cast<u32>(t) & 0x3fffffffu);
 }
 #define SA90_T(slot) \
     do { \
@@ -539,8 +536,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         if (SA90_TRACE != 0 && wtid == 0) {
             u32 smid;
             asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
-            if (row % 8 == 0) p.lse[row * p.H] = __uint_as_float(smid);
-            if (row % 8 == 0) p.lse[row * p.H + 10] = __uint_as_float(static_cast<u32>(n_iters));
+            trace_put(p, row, 0, smid);
+            trace_put(p, row, 10, static_cast<u32>(n_iters));
             trace_ns_at(p, row, 12);
         }
         SA90_T(1);
@@ -582,8 +579,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 #endif
         const bf16* kv_b = p.kv + b * p.kv_sb;
         const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
-        const char* kv_col = reinterpret_cast<const char*>(kv_b) + (wtid % 8) * 16;  // this thread's 16-byte chunk j of a 128-byte group
         const int j = wtid % 8, r_base = wtid / 8;
+        const char* kv_col = reinterpret_cast<const char*>(kv_b) + j * 16;  // this thread's 16-byte chunk j of a 128-byte group
         for (int it = 0; it < n_iters; ++it) {
             const int slot0 = it * 2 * kBN;
             if (slot0 > 0 && slot0 % kChunk == 0) {
