@@ -359,11 +359,14 @@ pub fn main(args: &[String]) -> Result<bool> {
         for s in sizes(args, "--s", &[4096, 16384]) {
             bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, trace_out)?;
         }
-        for h in [16, 32, 128] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, trace_out)?;
-        }
-        for d in [128, 256] {
-            bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, trace_out)?;
+        // `--no-sweep`: the two main shapes only (no other head counts and head dims).
+        if !args.iter().any(|a| a == "--no-sweep") {
+            for h in [16, 32, 128] {
+                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, trace_out)?;
+            }
+            for d in [128, 256] {
+                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, trace_out)?;
+            }
         }
         ran = true;
     }

@@ -1,0 +1,82 @@
+// L2 reduction throughput probe for the attention backward's dkv flush (examples/l2_reduce.rs):
+// every launch adds rows x slots key rows of 512 f32 (2 KiB) into dst [keys, 512], one CTA
+// (256 threads) a query row, in one of four access shapes:
+//   red_quads: a warp instruction = 8 key rows x 64 B (the backward's quad flush)
+//   red_lines: a warp instruction = 4 key rows x 128 B
+//   red_rows:  a warp instruction = 1 key row x 512 B
+//   bulk:      cp.reduce.async.bulk of whole 2 KiB rows from shared memory (16 keys a
+//              stage, two stages)
+// CTA i takes row spread(i) (G regions, as bwd_sm90.cu's SA90_BWD_SPREAD).
+typedef unsigned int u32;
+
+__device__ __forceinline__ int spread(int i, int n, int G) {
+    if (G <= 1) return i;
+    const int q = n / G;
+    return i < G * q ? (i % G) * q + i / G : i;
+}
+
+__device__ __forceinline__ void red_v4(float* dst, float4 v) {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
+extern "C" __global__ void red_quads(float* dst, const int* keys, int slots, int G) {
+    const int row = spread(blockIdx.x, gridDim.x, G);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    for (int kb = warp * 8; kb < slots; kb += 64) {
+        const int key = keys[(long long)row * slots + kb + lane / 4];
+        float* d = dst + (long long)key * 512 + (lane % 4) * 4;
+#pragma unroll 8
+        for (int c = 0; c < 32; ++c) red_v4(d + c * 16, v);
+    }
+}
+
+extern "C" __global__ void red_lines(float* dst, const int* keys, int slots, int G) {
+    const int row = spread(blockIdx.x, gridDim.x, G);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    for (int kb = warp * 4; kb < slots; kb += 32) {
+        const int key = keys[(long long)row * slots + kb + lane / 8];
+        float* d = dst + (long long)key * 512 + (lane % 8) * 4;
+#pragma unroll 8
+        for (int c = 0; c < 16; ++c) red_v4(d + c * 32, v);
+    }
+}
+
+extern "C" __global__ void red_rows(float* dst, const int* keys, int slots, int G) {
+    const int row = spread(blockIdx.x, gridDim.x, G);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    for (int k = warp; k < slots; k += 8) {
+        const int key = keys[(long long)row * slots + k];
+        float* d = dst + (long long)key * 512 + lane * 4;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) red_v4(d + c * 128, v);
+    }
+}
+
+extern "C" __global__ void bulk(float* dst, const int* keys, int slots, int G) {
+    extern __shared__ __align__(128) float stage[];  // [2][16][512]
+    const int row = spread(blockIdx.x, gridDim.x, G);
+    const int tid = threadIdx.x;
+    int buf = 0;
+    for (int kb = 0; kb < slots; kb += 16, buf ^= 1) {
+        float* s = stage + buf * 16 * 512;
+        // the stage's previous reductions have read it (wait_group.read below) before anyone writes
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 8; ++i) reinterpret_cast<float4*>(s)[tid + 256 * i] = make_float4(1.f, 1.f, 1.f, 1.f);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (tid < 16 && kb + tid < slots) {
+            const int key = keys[(long long)row * slots + kb + tid];
+            const u32 src = static_cast<u32>(__cvta_generic_to_shared(s + tid * 512));
+            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], 2048;\n" ::"l"(dst + (long long)key * 512), "r"(src) : "memory");
+        }
+        if (tid < 16) {
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+        }
+    }
+    if (tid < 16) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
