@@ -1,8 +1,9 @@
 //! L2 reduction throughput probe (GPU): how fast f32 rows of 2 KiB can be added into a
 //! [20480, 512] f32 array by the access shapes of `l2_reduce.cu`, with the key pattern of
 //! the attention backward bench (S = 16384: a 128-key causal window + 512 compressed keys
-//! of the first s / 4, 640 slots a row) or uniformly random keys, and CTAs in row order or
-//! spread over 16 regions. `cargo run --release -p dsv4-cuda --example l2_reduce [rows]`.
+//! of the first s / 4, 640 slots a row) or uniformly random keys; CTAs in row order or
+//! spread over 16 regions; as many CTAs an SM as fit or one (the backward's occupancy);
+//! with or without the kv gathers. `cargo run --release -p dsv4-cuda --example l2_reduce [rows]`.
 //! Prints the median of 5 timed runs (CUDA events) and the payload rate.
 use cudarc::driver::{result as cu, sys};
 use std::ffi::{c_void, CString};
@@ -44,6 +45,9 @@ fn main() {
     let c = dsv4_cuda::nvrtc::nvrtc().unwrap().compile_rendered("l2_reduce.cu", src, &gpu.props().arch).unwrap_or_else(|e| panic!("{e}"));
     let dst = gpu.scratch(KEYS * 512 * 4).unwrap();
     let kbuf = gpu.scratch(rows * SLOTS * 4).unwrap();
+    let kv = gpu.scratch(KEYS * 1024).unwrap();
+    gpu.fill(kv.ptr(), 0x3c, kv.bytes()).unwrap();
+    let sink = gpu.scratch(16).unwrap();
     gpu.synchronize().unwrap();
     // SAFETY: a complete CUBIN for this device; the context is current after the calls above.
     let module = unsafe { cu::module::load_data(c.cubin.as_ptr() as *const c_void) }.expect("load");
@@ -55,19 +59,27 @@ fn main() {
         let bytes: Vec<u8> = k.iter().flat_map(|x| x.to_le_bytes()).collect();
         gpu.upload_bytes(kbuf.ptr(), &bytes).unwrap();
         for entry in ["red_quads", "red_lines", "red_rows", "bulk"] {
-            for g in [1i32, 16] {
-                if !window && g > 1 {
+            for (g, one_cta, gather) in [(1i32, false, 0i32), (16, false, 0), (1, true, 0), (1, false, 1), (1, true, 1)] {
+                if !window && (g > 1 || one_cta || gather != 0) {
                     continue;
                 }
                 let name = CString::new(entry).unwrap();
                 // SAFETY: the module is loaded; every entry takes (float*, const int*, int, int).
                 let f = unsafe { cu::module::get_function(module, name) }.unwrap();
-                let smem: u32 = if entry == "bulk" { 2 * 16 * 512 * 4 } else { 0 };
+                let smem: u32 = if one_cta { 120 * 1024 } else if entry == "bulk" { 2 * 16 * 512 * 4 } else { 0 };
                 if smem > 48 * 1024 {
                     unsafe { cu::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }.unwrap();
                 }
-                let (mut d, mut kp, mut sl, mut gg) = (dst.ptr(), kbuf.ptr(), SLOTS as i32, g);
-                let mut args = [&mut d as *mut u64 as *mut c_void, &mut kp as *mut u64 as *mut c_void, &mut sl as *mut i32 as *mut c_void, &mut gg as *mut i32 as *mut c_void];
+                let (mut d, mut kp, mut sl, mut gg, mut kvp, mut ga, mut sk) = (dst.ptr(), kbuf.ptr(), SLOTS as i32, g, kv.ptr(), gather, sink.ptr());
+                let mut args = [
+                    &mut d as *mut u64 as *mut c_void,
+                    &mut kp as *mut u64 as *mut c_void,
+                    &mut sl as *mut i32 as *mut c_void,
+                    &mut gg as *mut i32 as *mut c_void,
+                    &mut kvp as *mut u64 as *mut c_void,
+                    &mut ga as *mut i32 as *mut c_void,
+                    &mut sk as *mut u64 as *mut c_void,
+                ];
                 let mut times = Vec::new();
                 for it in 0..6 {
                     gpu.zero(dst.ptr(), dst.bytes()).unwrap();
@@ -90,7 +102,8 @@ fn main() {
                 times.sort_by(|a, b| a.partial_cmp(b).unwrap());
                 let ms = times[times.len() / 2];
                 let tb = (rows * SLOTS * 2048) as f64 / ms / 1e9;
-                println!("l2_reduce {pattern:18} {entry:9} spread={g:2}: {ms:7.3} ms  {tb:5.2} TB/s payload  sum {}", if ok { "ok" } else { "WRONG" });
+                let occ = if one_cta { "1 CTA/SM" } else { "full    " };
+                println!("l2_reduce {pattern:18} {entry:9} spread={g:2} {occ} gather={gather}: {ms:7.3} ms  {tb:5.2} TB/s payload  sum {}", if ok { "ok" } else { "WRONG" });
             }
         }
     }

@@ -11,7 +11,6 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: SA90_BWD_FLUSH_QUADS=0
-// dsv4-test-defines: SA90_BWD_SPREAD=16
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -105,19 +104,6 @@ constexpr int kSa90BwdSmemBytes = kBytes + 1024;
 static_assert(kSa90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
 static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
 
-// The launch's row of CTA i of n (SA90_BWD_SPREAD = G > 1): CTAs running at the same time
-// (consecutive i) take rows from G regions of n / G rows each, so fewer of them add into the
-// same key rows of dkv at once (consecutive rows share their window keys); G = 1: row i.
-#ifndef SA90_BWD_SPREAD
-#define SA90_BWD_SPREAD 1
-#endif
-__device__ __forceinline__ int spread_row(int i, int n) {
-    constexpr int G = SA90_BWD_SPREAD;
-    if (G <= 1) return i;
-    const int q = n / G;
-    return i < G * q ? (i % G) * q + i / G : i;
-}
-
 // dst[0..4] += v: one 16-byte f32 vector reduction (dst 16-byte aligned); each element's
 // add is atomic on its own, no ordering implied.
 __device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
@@ -163,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
-    const int local = spread_row(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));  // row of the launch (deterministic: of the wave)
+    const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
     const i64 row = static_cast<i64>(p.chunk_base) + local;  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
