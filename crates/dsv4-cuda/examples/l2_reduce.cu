@@ -28,51 +28,34 @@ __device__ __forceinline__ void red_v4(float* dst, float4 v) {
     asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 
+// R key rows a warp instruction (8: quads, 4: lines, 1: rows), 32 / R lanes a row, each
+// lane 16 bytes: a row's 2 KiB in 512 / (4 * 32 / R) instructions.
+template <int R>
+__device__ __forceinline__ void red_rows_of(float* dst, const int* keys, int slots, int G, const uint4* kv, int gather, unsigned* sink) {
+    constexpr int kLanes = 32 / R, kSpan = 4 * kLanes;  // lanes a row, floats an instruction a row
+    const int row = spread(blockIdx.x, gridDim.x, G);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    unsigned acc = 0;
+    for (int kb = warp * R; kb < slots; kb += 8 * R) {
+        const int key = keys[(long long)row * slots + kb + lane / kLanes];
+        if (gather)
+            for (int j = 0; j < R; ++j) read_row(kv, __shfl_sync(0xffffffffu, key, kLanes * j), lane, acc);
+        float* d = dst + (long long)key * 512 + (lane % kLanes) * 4;
+#pragma unroll 8
+        for (int c = 0; c < 512 / kSpan; ++c) red_v4(d + c * kSpan, v);
+    }
+    if (acc == 0x12345678u) *sink = acc;
+}
+
 extern "C" __global__ void red_quads(float* dst, const int* keys, int slots, int G, const uint4* kv, int gather, unsigned* sink) {
-    const int row = spread(blockIdx.x, gridDim.x, G);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
-    unsigned acc = 0;
-    for (int kb = warp * 8; kb < slots; kb += 64) {
-        const int key = keys[(long long)row * slots + kb + lane / 4];
-        if (gather)
-            for (int j = 0; j < 8; ++j) read_row(kv, __shfl_sync(0xffffffffu, key, 4 * j), lane, acc);
-        float* d = dst + (long long)key * 512 + (lane % 4) * 4;
-#pragma unroll 8
-        for (int c = 0; c < 32; ++c) red_v4(d + c * 16, v);
-    }
-    if (acc == 0x12345678u) *sink = acc;
+    red_rows_of<8>(dst, keys, slots, G, kv, gather, sink);
 }
-
 extern "C" __global__ void red_lines(float* dst, const int* keys, int slots, int G, const uint4* kv, int gather, unsigned* sink) {
-    const int row = spread(blockIdx.x, gridDim.x, G);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
-    unsigned acc = 0;
-    for (int kb = warp * 4; kb < slots; kb += 32) {
-        const int key = keys[(long long)row * slots + kb + lane / 8];
-        if (gather)
-            for (int j = 0; j < 4; ++j) read_row(kv, __shfl_sync(0xffffffffu, key, 8 * j), lane, acc);
-        float* d = dst + (long long)key * 512 + (lane % 8) * 4;
-#pragma unroll 8
-        for (int c = 0; c < 16; ++c) red_v4(d + c * 32, v);
-    }
-    if (acc == 0x12345678u) *sink = acc;
+    red_rows_of<4>(dst, keys, slots, G, kv, gather, sink);
 }
-
 extern "C" __global__ void red_rows(float* dst, const int* keys, int slots, int G, const uint4* kv, int gather, unsigned* sink) {
-    const int row = spread(blockIdx.x, gridDim.x, G);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
-    unsigned acc = 0;
-    for (int k = warp; k < slots; k += 8) {
-        const int key = keys[(long long)row * slots + k];
-        if (gather) read_row(kv, key, lane, acc);
-        float* d = dst + (long long)key * 512 + lane * 4;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) red_v4(d + c * 128, v);
-    }
-    if (acc == 0x12345678u) *sink = acc;
+    red_rows_of<1>(dst, keys, slots, G, kv, gather, sink);
 }
 
 extern "C" __global__ void bulk(float* dst, const int* keys, int slots, int G, const uint4* kv, int gather, unsigned* sink) {

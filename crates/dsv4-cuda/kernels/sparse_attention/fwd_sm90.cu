@@ -85,8 +85,9 @@ using dsv4::sa::slot_key;
 #endif
 // The register split of setmaxnreg (2 x 128 consumer threads + 128 producer threads within
 // the 64 K registers of an SM): 224 / 56 (default since v13: the producer's copy loop has
-// room, 88 fewer instructions, no spills either side; H200 S=16384 2.86-2.91 -> 2.70-2.79 ms,
-// S=4096 0.646-0.654 -> 0.611); 232 / 40 before.
+// room, 88 fewer instructions, no spills either side; H200 S=16384 without a plan 2.83-2.86
+// -> 2.70-2.72 ms, with one 2.86-2.91 -> 2.79-2.87, S=4096 with one 0.646-0.654 ->
+// 0.611-0.617); 232 / 40 before.
 #ifndef SA90_CONSUMER_REGS
 #define SA90_CONSUMER_REGS 224
 #endif
@@ -547,11 +548,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         const i64 bias = b * p.idx_bias;
-        // `bound`: the row's slot count (n_slots), or T for the first chunk read before
-        // n_slots (a plan's row_len load) has arrived; masked by n_slots afterwards.
-        auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128], int bound) {
+        auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
 #pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, bound, p.K, slot0 + wtid + 128 * i, false);
+            for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
         };
         auto store_chunk_keys = [&](const int (&k)[kChunk / 128]) {
 #pragma unroll
@@ -559,18 +558,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             named_sync(8, 128);
         };
         // The first chunk's index reads go out before the Q tile's copies, whose issue
-        // (~2,700 cycles, SA90_TRACE) then covers their latency (SA90_KEYS_FIRST=0: after);
-        // neither waits for n_slots (with a plan, a load of row_len: v13 measured the plan
-        // forward 0.14 ms slower than the plain one at S=16384 while it did).
+        // (~2,700 cycles, SA90_TRACE) then covers their latency (SA90_KEYS_FIRST=0: after).
         int k_first[kChunk / 128];
-        if (SA90_KEYS_FIRST) load_chunk_keys(0, k_first, p.T);
+        if (SA90_KEYS_FIRST && n_iters > 0) load_chunk_keys(0, k_first);
         sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
         sa90::producer_handoff(q_bar);
         SA90_T(2);
         if (n_iters > 0) {
-            if (!SA90_KEYS_FIRST) load_chunk_keys(0, k_first, n_slots);
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) k_first[i] = wtid + 128 * i < n_slots ? k_first[i] : -1;
+            if (!SA90_KEYS_FIRST) load_chunk_keys(0, k_first);
             store_chunk_keys(k_first);
             SA90_T(3);
         }
@@ -593,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             if (slot0 > 0 && slot0 % kChunk == 0) {
                 named_sync(8, 128);  // every producer thread is done with the last chunk
                 int k[kChunk / 128];
-                load_chunk_keys(slot0, k, n_slots);
+                load_chunk_keys(slot0, k);
                 store_chunk_keys(k);
             }
             // (buffer, half) in the order the consumers free them: 0 L, 0 R (after P0 V0_L
