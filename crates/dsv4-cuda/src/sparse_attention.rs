@@ -600,8 +600,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            // The dKV flush layout of the mode: 64-byte spans for the reductions, lane pairs
-            // for the deterministic stores (bwd_sm90.cu, SA90_BWD_FLUSH_QUADS).
+            // The dKV flush layout of the mode: 64-byte spans for the reductions, 8-byte
+            // accumulator pairs for the deterministic stores (bwd_sm90.cu, SA90_BWD_FLUSH_QUADS).
             let quads = if deterministic { "0" } else { "1" };
             (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_FLUSH_QUADS", quads.to_string())])?, [384u32, 1, 1])
         } else {

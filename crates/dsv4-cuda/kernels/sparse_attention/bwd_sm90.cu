@@ -36,10 +36,10 @@
 //          dKV[pair's 64 keys, 256c..] = dS^T Q + P^T dO   (M = keys, K = heads: 4 k-steps;
 //                           A K-major from the transposed tiles, B = the Q / dO tiles read
 //                           N-major), in chunks of 128 columns (64 f32 a thread), each
-//                           flushed from its accumulators by shuffles within a quad so
-//                           each lane holds 4 consecutive columns of a key row, one
-//                           16-byte red.global.add.v4.f32 (atomic) or store (deterministic)
-//                           each (layouts: SA90_BWD_FLUSH_QUADS below).
+//                           flushed from its accumulators: atomic, by shuffles within a
+//                           quad so each lane holds 4 consecutive columns of a key row, one
+//                           16-byte red.global.add.v4.f32 each; deterministic, as 8-byte
+//                           stores of the accumulator pairs (SA90_BWD_FLUSH_QUADS below).
 //        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
 //        so the next pair's gathers overlap the dKV products; each thread copies its
 //        flush row's key to a register first (the producer rewrites the slot keys).
@@ -120,13 +120,21 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 
 // The dKV flush layout, set by the launcher per mode. SA90_BWD_FLUSH_QUADS=1 (atomic): each
 // lane writes both key rows of its quad, the quad's 4 lanes one 64-byte span of one row per
-// instruction (a warp: 8 rows x 64 B; four shuffles a vector). =0 (deterministic): a lane
-// pair swaps halves so each lane writes 16 bytes of one row (a warp: 16 rows x 32 B; two
-// shuffles a vector). On the H200 the quads took the atomic backward from 11.55 to 10.71 ms
-// (S=16384) and the pairs keep the deterministic one 2.5 % faster (docs/perf.md v8).
+// instruction (a warp: 8 rows x 64 B; four shuffles a vector). =0 (deterministic): no
+// shuffles, each lane stores its accumulator pairs (2 consecutive columns of its two key
+// rows) as 8-byte stores (a warp: 8 rows x 32 B). On the H200 the quads took the atomic
+// backward from 11.55 to 10.71 ms (S=16384, v8); as 8-byte reductions it takes 11.33 ms
+// against the quads' 10.38, while the deterministic stores go 20.15 -> 19.9 ms (v13; the
+// lane-pair layout, 16 rows x 32 B with two shuffles a vector, before).
 #ifndef SA90_BWD_FLUSH_QUADS
 #define SA90_BWD_FLUSH_QUADS 1
 #endif
+
+// dst[0..2] += (x, y): one 8-byte f32 vector reduction (dst 8-byte aligned; the 8-byte flush
+// in atomic mode, which only a build with SA90_BWD_FLUSH_QUADS=0 runs, to compare).
+__device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -190,10 +198,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows of S / dP / dq (heads h0 + r)
-    const bool odd = c4 & 1;
-#if !SA90_BWD_FLUSH_QUADS
-    const int frow = warp * 16 + g + (odd ? 8 : 0);  // this thread's key row (of the pair) in the lane-pair flush
-#endif
+    [[maybe_unused]] const bool odd = c4 & 1;  // the quad flush's lane parity
 
     // delta = <dout, out> per head (4 threads a head, interleaved 16-byte chunks) and lse
     // in log2 units (+inf for a padded head: its P is 0).
@@ -302,13 +307,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::consumer_after_ready();
         // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
         mbar_wait(keys_bar + 1 - cw, par);  // done already as well
-#if SA90_BWD_FLUSH_QUADS
         const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
         any_valid |= fkey0 >= 0 || fkey1 >= 0;
-#else
-        const int fkey = keys_s[frow];
-        any_valid |= fkey >= 0;
-#endif
 
         // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
         wgmma_fence();
@@ -325,10 +325,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
         // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
-#if !SA90_BWD_FLUSH_QUADS
-        float* const dst_row = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + frow) * n_hblk + hb) * kD
-                                               : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
-#endif
 #pragma unroll 1
         for (int ch = 0; ch < 256 / kDkvN; ++ch) {
             const int col0 = cw * 256 + ch * kDkvN;
@@ -353,17 +349,34 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
             wgmma_wait<0>();
             fence_regs(acc);
-#if SA90_BWD_FLUSH_QUADS
-            // Flush: per 16 columns (n = 2m, 2m + 1) and key row rr, lane c4 writes columns
-            // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes a = 2 (c4 & 1)
-            // and a + 1 at n = 2m + hi. Four shuffle rounds: in round 0 lane c4 reads lane
-            // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
-            // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
+            // Flush of key rows r0, r1 (SA90_BWD_FLUSH_QUADS above).
             {
                 float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r0) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey0, 0)) * kD;
                 float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r1) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey1, 0)) * kD;
+#if !SA90_BWD_FLUSH_QUADS
+                // Column group n (8 columns): this lane's 2 consecutive columns 8 n + 2 c4 of
+                // key rows r0 (acc[4 n], acc[4 n + 1]) and r1 (acc[4 n + 2], acc[4 n + 3]).
+#pragma unroll
+                for (int n = 0; n < kDkvN / 8; ++n) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        float* ptr = (rr ? dst1 : dst0) + col0 + 8 * n + 2 * c4;
+                        if ((rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3) {
+                            if (p.deterministic)
+                                *reinterpret_cast<float2*>(ptr) = make_float2(acc[4 * n + 2 * rr], acc[4 * n + 2 * rr + 1]);
+                            else
+                                red_add_v2(ptr, acc[4 * n + 2 * rr], acc[4 * n + 2 * rr + 1]);
+                        }
+                    }
+                }
+#else
+                // Quads: per 16 columns (n = 2m, 2m + 1) and key row rr, lane c4 writes columns
+                // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes a = 2 (c4 & 1)
+                // and a + 1 at n = 2m + hi. Four shuffle rounds: in round 0 lane c4 reads lane
+                // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
+                // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
                 const bool hi = c4 >= 2;
                 const int qlane = lane & ~3, a = (c4 & 1) * 2;
                 const int src0 = qlane + a + (hi ? 1 : 0), src1 = qlane + a + (hi ? 0 : 1);
@@ -387,23 +400,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         }
                     }
                 }
-            }
-#else
-            // Flush: even c4 keeps key row r0's 4 columns, odd c4 row r1's (lane pair swap).
-#pragma unroll
-            for (int n = 0; n < kDkvN / 8; ++n) {
-                const float s0 = odd ? acc[4 * n + 0] : acc[4 * n + 2], s1 = odd ? acc[4 * n + 1] : acc[4 * n + 3];
-                const float x0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 1), x1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 1);
-                const float4 v = odd ? make_float4(x0, x1, acc[4 * n + 2], acc[4 * n + 3]) : make_float4(acc[4 * n + 0], acc[4 * n + 1], x0, x1);
-                float* ptr = dst_row + col0 + n * 8 + (c4 & 2) * 2;
-                if (fkey >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                    if (p.deterministic)
-                        *reinterpret_cast<float4*>(ptr) = v;
-                    else
-                        red_add_v4(ptr, v);
-                }
-            }
 #endif
+            }
         }
     }
 
