@@ -64,10 +64,14 @@ fn main() {
                     continue;
                 }
                 let name = CString::new(entry).unwrap();
-                // SAFETY: the module is loaded; every entry takes (float*, const int*, int, int).
+                // SAFETY: the module is loaded and has this entry; every entry takes (float*
+                // dst, const int* keys, int slots, int G, const uint4* kv, int gather,
+                // unsigned* sink), the seven arguments below.
                 let f = unsafe { cu::module::get_function(module, name) }.unwrap();
                 let smem: u32 = if one_cta { 120 * 1024 } else if entry == "bulk" { 2 * 16 * 512 * 4 } else { 0 };
                 if smem > 48 * 1024 {
+                    // SAFETY: a function handle of the loaded module; the size is within the
+                    // H100/H200 opt-in limit (227 KiB).
                     unsafe { cu::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }.unwrap();
                 }
                 let (mut d, mut kp, mut sl, mut gg, mut kvp, mut ga, mut sk) = (dst.ptr(), kbuf.ptr(), SLOTS as i32, g, kv.ptr(), gather, sink.ptr());
@@ -83,7 +87,8 @@ fn main() {
                 let mut times = Vec::new();
                 for it in 0..6 {
                     gpu.zero(dst.ptr(), dst.bytes()).unwrap();
-                    // SAFETY: dst holds KEYS x 512 f32, every key < KEYS, rows x SLOTS keys.
+                    // SAFETY: dst holds KEYS x 512 f32, kv KEYS x 1 KiB, every key < KEYS, kbuf
+                    // rows x SLOTS keys; `args` points at the seven live values above.
                     unsafe {
                         cu::event::record(start, stream).unwrap();
                         cu::launch_kernel(f, (rows as u32, 1, 1), (256, 1, 1), smem, stream, &mut args).unwrap();
@@ -96,6 +101,7 @@ fn main() {
                 }
                 // Check: the sum of dst = rows x SLOTS x 512.
                 let mut host = vec![0u8; dst.bytes()];
+                // SAFETY: dst is a live allocation of dst.bytes() bytes; the stream is idle.
                 unsafe { cu::memcpy_dtoh_sync(&mut host, dst.ptr()) }.unwrap();
                 let sum: f64 = host.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).sum();
                 let ok = (sum - (rows * SLOTS * 512) as f64).abs() < 1.0;
