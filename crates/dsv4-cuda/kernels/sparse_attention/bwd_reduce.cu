@@ -135,10 +135,13 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
     }
 }
 
-// dst = bf16(src), round to nearest even.
+// dst = bf16(src), round to nearest even. permuted: dst column 16 m + 8 h + 2 c + e is src
+// column 16 m + 4 c + 2 h + e (the Hopper backward's flush layout; n a multiple of 16).
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_f32_to_bf16(const SparseAttnConvertParams p) {
     for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-        p.dst[i] = from_f32<bf16>(p.src[i]);
+        const int c = static_cast<int>(i & 15);
+        const i64 src = p.permuted ? (i & ~static_cast<i64>(15)) + 4 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1) : i;
+        p.dst[i] = from_f32<bf16>(p.src[src]);
     }
 }
 

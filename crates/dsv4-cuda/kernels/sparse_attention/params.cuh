@@ -104,8 +104,10 @@ struct SparseAttnConvertParams {
     const float* src;      // [n]
     bf16* dst;             // [n] out
     i64 n;
+    int permuted;          // 1: src columns permuted within groups of 16 (bwd_sm90.cu, SA90_BWD_FLUSH >= 2)
+    int pad_;
 };
-DSV4_PARAMS_SIZE(SparseAttnConvertParams, 24);
+DSV4_PARAMS_SIZE(SparseAttnConvertParams, 32);
 
 // bwd_reduce.cu: dsinks[h] = sum over rows of dsinks_part[row, h], in a fixed order.
 struct SparseAttnDsinksParams {
