@@ -153,7 +153,7 @@ pub struct ConvertParams {
     pub src: u64, // [n] f32
     pub dst: u64, // [n] bf16 out
     pub n: i64,
-    pub permuted: i32, // 1: src columns permuted within groups of 16 (bwd_sm90.cu's flush)
+    pub permuted: i32, // 1: src columns permuted within groups of 16 (bwd_sm90.cu's flush layout)
     pub pad_: i32,
 }
 
@@ -578,7 +578,6 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let deterministic = a.backward_impl == BackwardImpl::Deterministic;
     // The Hopper kernel (bwd_sm90.cu) takes 64 heads a CTA; the portable one its tile's.
     let hopper = use_hopper_bwd(gpu, kernel_d(dm.d), f.reference_rounding) && dm.h.div_ceil(SA90_BWD_HEADS) <= 65_535;
-    let flush = sa90_bwd_flush(deterministic);
     let n_hblk = bwd_head_blocks(hopper, &tiles, dm.h);
     let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes);
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
@@ -603,7 +602,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_FLUSH", flush.to_string())])?, [384u32, 1, 1])
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };
@@ -750,7 +749,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     if kvd > 0 {
         let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
         let dkv_pad = if dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
-        let permuted = hopper && sa90_bwd_flush_permuted(flush);
+        // The Hopper kernel's f32 dkv columns are permuted within groups of 16 (its flush layout).
+        let permuted = hopper;
         let c = ConvertParams { src: acc.ptr(), dst: dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr()), n: kvd as i64, permuted: permuted as i32, pad_: 0 };
         // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
         // D) or a [B,K,dp] bf16 scratch.
@@ -776,19 +776,6 @@ pub const SA90_BWD_HEADS: usize = 64;
 /// nonempty-row flag, the producer's 1024 slot keys, barriers, 1024 bytes of alignment slack).
 pub const SA90_BWD_SMEM_BYTES: usize = 2 * 64 * 1024 + 2 * 32 * 1024 + 3 * 8 * 1024 + 256 + 2 * 256 + 16 + 4096 + 7 * 8 + 1024;
 const _: () = assert!(SA90_BWD_SMEM_BYTES == 227_144, "bwd_sm90.cu asserts the same number");
-
-/// The dKV flush layout of `bwd_sm90.cu` (`SA90_BWD_FLUSH`: 0 pairs, 1 quads, 2 permuted, 3
-/// permuted lines) for the mode: 64-byte spans for the reductions, 8-byte accumulator pairs
-/// for the deterministic stores; `DSV4_EXTRA_DEFINES=SA90_BWD_FLUSH=n` overrides it (to time
-/// the layouts), since the conversion to bf16 must know whether the columns are permuted.
-pub fn sa90_bwd_flush(deterministic: bool) -> u32 {
-    crate::runtime::extra_define("SA90_BWD_FLUSH").and_then(|v| v.parse().ok()).filter(|v| *v <= 3).unwrap_or(if deterministic { 0 } else { 2 })
-}
-
-/// Whether flush layout `flush` stores the f32 dkv columns permuted within groups of 16.
-pub fn sa90_bwd_flush_permuted(flush: u32) -> bool {
-    flush >= 2
-}
 
 /// Whether the backward runs the Hopper kernel: an sm_90a device (and not DSV4_PORTABLE=1),
 /// kernel head dim 512, the default exp2 arithmetic (`reference_rounding` runs the portable

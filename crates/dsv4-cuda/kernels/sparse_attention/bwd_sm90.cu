@@ -10,10 +10,6 @@
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: SA90_BWD_FLUSH=0
-// dsv4-test-defines: SA90_BWD_FLUSH=2
-// dsv4-test-defines: SA90_BWD_FLUSH=3
-// dsv4-test-defines: SA90_BWD_FLUSH=2 SA90_BWD_RED_HINT=1 SA90_BWD_DET_CS=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -39,10 +35,10 @@
 //          dKV[pair's 64 keys, 256c..] = dS^T Q + P^T dO   (M = keys, K = heads: 4 k-steps;
 //                           A K-major from the transposed tiles, B = the Q / dO tiles read
 //                           N-major), in chunks of 128 columns (64 f32 a thread), each
-//                           flushed from its accumulators: atomic, by shuffles within a
-//                           quad so each lane holds 4 consecutive columns of a key row, one
-//                           16-byte red.global.add.v4.f32 each; deterministic, as 8-byte
-//                           stores of the accumulator pairs (SA90_BWD_FLUSH below).
+//                           flushed from its accumulators into f32 columns permuted
+//                           within groups of 16 (the flush layout below), so each lane's
+//                           4 values of a group are one 16-byte write: atomic,
+//                           red.global.add.v4.f32; deterministic, a streaming store.
 //        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
 //        so the next pair's gathers overlap the dKV products; each thread copies its
 //        flush row's key to a register first (the producer rewrites the slot keys).
@@ -109,39 +105,8 @@ static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in s
 
 // dst[0..4] += v: one 16-byte f32 vector reduction (dst 16-byte aligned); each element's
 // add is atomic on its own, no ordering implied.
-// SA90_BWD_RED_HINT=1: the reductions carry an L2 evict_last policy (the f32 dkv buffer, 42 MB
-// at S=16384, nearly fits the 50 MB L2; to time).
-#ifndef SA90_BWD_RED_HINT
-#define SA90_BWD_RED_HINT 0
-#endif
 __device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
-#if SA90_BWD_RED_HINT
-    u64 policy;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-    asm volatile("red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "l"(policy) : "memory");
-#else
     asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-#endif
-}
-
-// SA90_BWD_DET_CS=1: the deterministic contributions stored with the streaming hint
-// (st.global.cs: read once, by bwd_reduce.cu; to time).
-#ifndef SA90_BWD_DET_CS
-#define SA90_BWD_DET_CS 1
-#endif
-__device__ __forceinline__ void store_contrib(float* dst, float4 v) {
-#if SA90_BWD_DET_CS
-    __stcs(reinterpret_cast<float4*>(dst), v);
-#else
-    *reinterpret_cast<float4*>(dst) = v;
-#endif
-}
-__device__ __forceinline__ void store_contrib(float* dst, float2 v) {
-#if SA90_BWD_DET_CS
-    __stcs(reinterpret_cast<float2*>(dst), v);
-#else
-    *reinterpret_cast<float2*>(dst) = v;
-#endif
 }
 
 // Four 8x8 bf16 matrices from the mma fragment layout (register i: matrix i, thread t
@@ -152,31 +117,18 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
-// The dKV flush layout, set by the launcher per mode (SA90_BWD_FLUSH):
-//   0 pairs: no shuffles, each lane writes its accumulator pairs (2 consecutive columns of
-//     its two key rows) as 8-byte stores / reductions (a warp: 8 rows x 32 B).
-//   1 quads: each lane writes both key rows of its quad, the quad's 4 lanes one 64-byte
-//     span of one row per instruction (a warp: 8 rows x 64 B; four shuffles a vector).
-//   2 permuted: the f32 buffer's columns permuted within each group of 16 (column
-//     16 m + 8 h + 2 c + e stored at 16 m + 4 c + 2 h + e), so a lane's two accumulator
-//     pairs of a group are 4 consecutive floats: 16-byte writes with no shuffles (a warp:
-//     8 rows x 64 B, as the quads); the f32 -> bf16 conversion (bwd_reduce.cu) undoes it.
-//   3 permuted lines: the same permutation, lanes l and l ^ 4 (key rows g, g ^ 1) trade
-//     halves so each instruction writes 4 rows x 128 B (two shuffles a vector).
-// On the H200 the quads took the atomic backward from 11.55 to 10.71 ms (S=16384, v8); as
-// 8-byte reductions it takes 11.33 ms against the quads' 10.38, while the deterministic
-// stores go 20.15 -> 19.9 ms with pairs (v13; lane pairs with two shuffles before).
-#ifndef SA90_BWD_FLUSH
-#define SA90_BWD_FLUSH 1
-#endif
-#if SA90_BWD_FLUSH < 0 || SA90_BWD_FLUSH > 3
-#error "SA90_BWD_FLUSH is 0 (pairs), 1 (quads), 2 (permuted) or 3 (permuted lines)"
-#endif
-
-// dst[0..2] += (x, y): one 8-byte f32 vector reduction (dst 8-byte aligned; the 8-byte flush
-// in atomic mode, which only a build with SA90_BWD_FLUSH=0 runs, to compare).
-__device__ __forceinline__ void red_add_v2(float* dst, float x, float y) {
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+// The dKV flush layout: the f32 columns permuted within each group of 16 (column
+// 16 m + 8 h + 2 c + e stored at 16 m + 4 c + 2 h + e), so a lane's two accumulator pairs
+// of a group (n8 tiles 2m, 2m + 1) are 4 consecutive floats: one 16-byte reduction (atomic)
+// or streaming store (deterministic: read once, by bwd_reduce.cu) with no shuffles, a warp
+// instruction 8 key rows x 64 B. The f32 -> bf16 conversion (bwd_reduce.cu) undoes the
+// permutation. On the H200 (v14, S=16384) this took the atomic backward from 10.29 to
+// 9.63 ms against the natural layout's quads (four shuffles a vector, the same 8 x 64 B),
+// and the deterministic one from 19.52 to 18.98 against 8-byte stores of the pairs (both
+// with streaming stores, which alone took it from 19.77 to 19.52); 4 rows x 128 B (two
+// shuffles a vector) was slower in both modes (10.11 / 20.23).
+__device__ __forceinline__ void store_contrib(float* dst, float4 v) {
+    __stcs(reinterpret_cast<float4*>(dst), v);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
@@ -241,7 +193,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows of S / dP / dq (heads h0 + r)
-    [[maybe_unused]] const bool odd = c4 & 1;  // the quad flush's lane parity (SA90_BWD_FLUSH=1)
 
     // delta = <dout, out> per head (4 threads a head, interleaved 16-byte chunks) and lse
     // in log2 units (+inf for a padded head: its P is 0).
@@ -392,59 +343,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
             wgmma_wait<0>();
             fence_regs(acc);
-            // Flush of key rows r0, r1 (SA90_BWD_FLUSH above).
+            // Flush of key rows r0, r1 in the permuted layout (above): per group m of 16
+            // columns and key row rr, the pairs of n8 tiles 2m and 2m + 1.
             {
                 float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r0) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey0, 0)) * kD;
                 float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r1) * n_hblk + hb) * kD
                                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey1, 0)) * kD;
-#if SA90_BWD_FLUSH == 0
-                // Column group n (8 columns): this lane's 2 consecutive columns 8 n + 2 c4 of
-                // key rows r0 (acc[4 n], acc[4 n + 1]) and r1 (acc[4 n + 2], acc[4 n + 3]).
-#pragma unroll
-                for (int n = 0; n < kDkvN / 8; ++n) {
-#pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        float* ptr = (rr ? dst1 : dst0) + col0 + 8 * n + 2 * c4;
-                        if ((rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                            if (p.deterministic)
-                                store_contrib(ptr, make_float2(acc[4 * n + 2 * rr], acc[4 * n + 2 * rr + 1]));
-                            else
-                                red_add_v2(ptr, acc[4 * n + 2 * rr], acc[4 * n + 2 * rr + 1]);
-                        }
-                    }
-                }
-#elif SA90_BWD_FLUSH == 1
-                // Quads: per 16 columns (n = 2m, 2m + 1) and key row rr, lane c4 writes columns
-                // 8 (2m + hi) + 4 (c4 & 1) .. + 3 (hi = c4 / 2), held by quad lanes a = 2 (c4 & 1)
-                // and a + 1 at n = 2m + hi. Four shuffle rounds: in round 0 lane c4 reads lane
-                // a + hi, which offers its hi value if odd, else its lo one; round 1 lane
-                // a + 1 - hi, offering the other; rounds 2, 3 the same for the second element.
-                const bool hi = c4 >= 2;
-                const int qlane = lane & ~3, a = (c4 & 1) * 2;
-                const int src0 = qlane + a + (hi ? 1 : 0), src1 = qlane + a + (hi ? 0 : 1);
-#pragma unroll
-                for (int m = 0; m < kDkvN / 16; ++m) {
-#pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        const float lox = acc[8 * m + 2 * rr], loy = acc[8 * m + 2 * rr + 1];
-                        const float hix = acc[8 * m + 4 + 2 * rr], hiy = acc[8 * m + 4 + 2 * rr + 1];
-                        const float e0 = __shfl_sync(DSV4_FULL_MASK, odd ? hix : lox, src0);
-                        const float e1 = __shfl_sync(DSV4_FULL_MASK, odd ? lox : hix, src1);
-                        const float e2 = __shfl_sync(DSV4_FULL_MASK, odd ? hiy : loy, src0);
-                        const float e3 = __shfl_sync(DSV4_FULL_MASK, odd ? loy : hiy, src1);
-                        const float4 v = hi ? make_float4(e1, e3, e0, e2) : make_float4(e0, e2, e1, e3);
-                        float* ptr = (rr ? dst1 : dst0) + col0 + 8 * (2 * m + (hi ? 1 : 0)) + 4 * (c4 & 1);
-                        if ((rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                            if (p.deterministic)
-                                store_contrib(ptr, v);
-                            else
-                                red_add_v4(ptr, v);
-                        }
-                    }
-                }
-#elif SA90_BWD_FLUSH == 2
-                // Permuted: group m of 16 columns, key row rr: tiles 2m, 2m + 1's pairs.
 #pragma unroll
                 for (int m = 0; m < kDkvN / 16; ++m) {
 #pragma unroll
@@ -459,55 +364,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         }
                     }
                 }
-#else
-                // Permuted lines: per 32 columns (groups 2w, 2w + 1) and flush row set rr,
-                // lane l (row g) and l ^ 4 (row g ^ 1) trade: the even-row lane keeps its
-                // group 2w and takes the odd row's group 2w; the odd-row lane keeps its
-                // group 2w + 1 and takes the even row's. Then instruction e writes row
-                // (g & ~1) + e: the even-row lanes group 2w, the odd-row lanes group 2w + 1
-                // (8 lanes x 16 B = one 128-byte line of a row, 4 rows a warp).
-                const bool godd = g & 1;
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const int fk = rr ? fkey1 : fkey0;
-                    const int fk_x = __shfl_xor_sync(DSV4_FULL_MASK, fk, 4);
-                    float* const dst_own = rr ? dst1 : dst0;
-                    // the partner's row: the same formulas at row r ^ 1
-                    const int r_x = (rr ? r1 : r0) ^ 1;
-                    float* const dst_x = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r_x) * n_hblk + hb) * kD
-                                                         : p.dkv + (static_cast<i64>(b) * p.K + max(fk_x, 0)) * kD;
-                    float* const dst_e = godd ? dst_x : dst_own;  // row g & ~1
-                    float* const dst_o = godd ? dst_own : dst_x;  // row g | 1
-                    const int key_e = godd ? fk_x : fk, key_o = godd ? fk : fk_x;
-#pragma unroll
-                    for (int w = 0; w < kDkvN / 32; ++w) {
-                        float a[4], bb[4], x[4];
-#pragma unroll
-                        for (int k = 0; k < 4; ++k) {
-                            a[k] = acc[8 * (2 * w) + 4 * (k / 2) + 2 * rr + k % 2];      // group 2w, own row
-                            bb[k] = acc[8 * (2 * w + 1) + 4 * (k / 2) + 2 * rr + k % 2]; // group 2w + 1, own row
-                            x[k] = __shfl_xor_sync(DSV4_FULL_MASK, godd ? a[k] : bb[k], 4);
-                        }
-                        // even lane: row e <- a (own), row o <- x (partner's group 2w)
-                        // odd lane:  row e <- x (partner's group 2w + 1), row o <- bb (own)
-                        const float4 ve = godd ? make_float4(x[0], x[1], x[2], x[3]) : make_float4(a[0], a[1], a[2], a[3]);
-                        const float4 vo = godd ? make_float4(bb[0], bb[1], bb[2], bb[3]) : make_float4(x[0], x[1], x[2], x[3]);
-                        const int off = col0 + 32 * w + (godd ? 16 : 0) + 4 * c4;
-                        if (key_e >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                            if (p.deterministic)
-                                store_contrib(dst_e + off, ve);
-                            else
-                                red_add_v4(dst_e + off, ve);
-                        }
-                        if (key_o >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                            if (p.deterministic)
-                                store_contrib(dst_o + off, vo);
-                            else
-                                red_add_v4(dst_o + off, vo);
-                        }
-                    }
-                }
-#endif
             }
         }
     }

@@ -104,7 +104,7 @@ struct SparseAttnConvertParams {
     const float* src;      // [n]
     bf16* dst;             // [n] out
     i64 n;
-    int permuted;          // 1: src columns permuted within groups of 16 (bwd_sm90.cu, SA90_BWD_FLUSH >= 2)
+    int permuted;          // 1: src columns permuted within groups of 16 (bwd_sm90.cu's flush layout)
     int pad_;
 };
 DSV4_PARAMS_SIZE(SparseAttnConvertParams, 32);
