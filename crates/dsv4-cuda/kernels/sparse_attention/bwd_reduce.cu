@@ -5,8 +5,6 @@
 //                             g's contributions in that order
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
-//
-// dsv4-test-defines: SA_REDUCE_LDCS=1
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -106,11 +104,6 @@ extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const Spar
     }
 }
 
-// SA_REDUCE_LDCS=1: the contributions loaded with the streaming hint (to time).
-#ifndef SA_REDUCE_LDCS
-#define SA_REDUCE_LDCS 0
-#endif
-
 // acc[g] += sum over g's entries e (in order) of sum over head blocks hb (in order) of
 // contrib[e, hb]: one CTA per key, D/4 threads of 4 columns each.
 extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const SparseAttnInvIndexParams p) {
@@ -126,11 +119,7 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
         for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
             const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
             for (int hb = 0; hb < p.n_hblk; ++hb) {
-#if SA_REDUCE_LDCS
-                const float4 v = __ldcs(contrib + (base + hb) * n4 + c);  // read once: evict first
-#else
                 const float4 v = contrib[(base + hb) * n4 + c];
-#endif
                 sum.x += v.x;
                 sum.y += v.y;
                 sum.z += v.z;
