@@ -1,7 +1,7 @@
 // L2 reduction throughput probe for the attention backward's dkv flush (examples/l2_reduce.rs):
 // every launch adds rows x slots key rows of 512 f32 (2 KiB) into dst [keys, 512], one CTA
 // (256 threads) a query row, in one of four access shapes:
-//   red_quads: a warp instruction = 8 key rows x 64 B (the backward's quad flush)
+//   red_quads: a warp instruction = 8 key rows x 64 B (the backward flush's shape: shuffled quads to v13, permuted columns since v14)
 //   red_lines: a warp instruction = 4 key rows x 128 B
 //   red_rows:  a warp instruction = 1 key row x 512 B
 //   bulk:      cp.reduce.async.bulk of whole 2 KiB rows from shared memory (16 keys a
