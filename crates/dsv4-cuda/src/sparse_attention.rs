@@ -749,9 +749,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     if kvd > 0 {
         let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
         let dkv_pad = if dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
-        // The Hopper kernel's f32 dkv columns are permuted within groups of 16 (its flush layout).
-        let permuted = hopper;
-        let c = ConvertParams { src: acc.ptr(), dst: dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr()), n: kvd as i64, permuted: permuted as i32, pad_: 0 };
+        // The Hopper kernel writes acc's columns permuted within groups of 16 (its flush layout).
+        let c = ConvertParams { src: acc.ptr(), dst: dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr()), n: kvd as i64, permuted: hopper as i32, pad_: 0 };
         // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
         // D) or a [B,K,dp] bf16 scratch.
         unsafe { conv.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &c)? };
