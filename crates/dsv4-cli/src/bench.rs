@@ -39,6 +39,8 @@ struct Bench {
     entries: Vec<Entry>,
     start: sys::CUevent,
     end: sys::CUevent,
+    /// Idle time before each row's warm-up, so every row starts from the same power state.
+    cooldown: std::time::Duration,
 }
 
 fn drv(e: cudarc::driver::DriverError) -> Error {
@@ -46,18 +48,23 @@ fn drv(e: cudarc::driver::DriverError) -> Error {
 }
 
 impl Bench {
-    fn new(iters: usize) -> Result<Self> {
+    fn new(iters: usize, cooldown_ms: u64) -> Result<Self> {
         let gpu = gpu(0)?;
         let flush = gpu.scratch(256 << 20)?;
         gpu.zero(flush.ptr(), flush.bytes())?;
         gpu.synchronize()?;
         let start = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv)?;
         let end = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv)?;
-        Ok(Bench { gpu, iters, flush, entries: Vec::new(), start, end })
+        Ok(Bench { gpu, iters, flush, entries: Vec::new(), start, end, cooldown: std::time::Duration::from_millis(cooldown_ms) })
     }
 
-    /// Median milliseconds of `f` over `iters` timed runs after 3 warm-up runs.
+    /// Median milliseconds of `f` over `iters` timed runs after an idle `cooldown` and 3
+    /// warm-up runs. The cooldown: an H200 under these kernels runs into its 700 W cap within
+    /// a row (nvidia-smi: SM clock 1980 -> ~1850 MHz), so without it a row is slower when it
+    /// follows a heavy one (the plan forward at S=16384: 2.63 ms timed first, 2.83 second).
     fn time(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        self.gpu.synchronize()?;
+        std::thread::sleep(self.cooldown);
         for _ in 0..3 {
             f()?;
         }
@@ -110,7 +117,7 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
     out
 }
 
-fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, trace_out: Option<&str>) -> Result<()> {
+fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, plan_first: bool, trace_out: Option<&str>) -> Result<()> {
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -134,13 +141,19 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     let (mut dq, mut dkv, mut dsinks) = (bn.gpu.alloc(DType::BF16, &[b, s, h, d])?, bn.gpu.alloc(DType::BF16, &[b, k_len, d])?, bn.gpu.alloc(DType::F32, &[h])?);
     let shape = format!("B={b} S={s} H={h} D={d} T={t} valid={:.0}/q", valid / (b * s) as f64);
     let fwd_flops = 4.0 * valid * h as f64 * d as f64;
-    let ms = bn.time(|| sa::sparse_attention_into(CUDA, &args, &mut out.view_mut(), &mut lse.view_mut()))?;
-    bn.flops("sparse_attention fwd", &shape, ms, fwd_flops, "");
     let plan = si::plan_sparse_indices(CUDA, &idx.view(), k_len, false)?;
     let mut pargs = args.clone();
     pargs.indices = SparseIndices::Plan(&plan);
-    let ms = bn.time(|| sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut()))?;
-    bn.flops("sparse_attention fwd (plan)", &shape, ms, fwd_flops, "");
+    // `plan_first`: the plan forward timed before the plain one (the order's effect on the
+    // two rows; the trace below is still the plan forward's last run).
+    for with_plan in if plan_first { [true, false] } else { [false, true] } {
+        let (a, name) = if with_plan { (&pargs, "sparse_attention fwd (plan)") } else { (&args, "sparse_attention fwd") };
+        let ms = bn.time(|| sa::sparse_attention_into(CUDA, a, &mut out.view_mut(), &mut lse.view_mut()))?;
+        bn.flops(name, &shape, ms, fwd_flops, "");
+    }
+    if plan_first {
+        sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut())?;
+    }
     if let Some(path) = trace_out {
         // lse of the last plan forward, raw f32 bits: with DSV4_EXTRA_DEFINES=SA90_TRACE=1 it
         // holds the Hopper forward's clock trace (fwd_sm90.cu; scripts/sa90_trace.py reads it).
@@ -351,21 +364,23 @@ pub fn main(args: &[String]) -> Result<bool> {
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
     let trace_out = crate::opt(args, "--trace-out");
-    let mut bn = Bench::new(iters)?;
+    let plan_first = args.iter().any(|a| a == "--plan-first");
+    let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
+    let mut bn = Bench::new(iters, cooldown_ms)?;
     let mut rng = Rng(42);
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {
         for s in sizes(args, "--s", &[4096, 16384]) {
-            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, trace_out)?;
+            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, plan_first, trace_out)?;
         }
         // `--no-sweep`: the two main shapes only (no other head counts and head dims).
         if !args.iter().any(|a| a == "--no-sweep") {
             for h in [16, 32, 128] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, plan_first, trace_out)?;
             }
             for d in [128, 256] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, plan_first, trace_out)?;
             }
         }
         ran = true;
