@@ -131,6 +131,52 @@ __device__ __forceinline__ void store_contrib(float* dst, float4 v) {
     __stcs(reinterpret_cast<float4*>(dst), v);
 }
 
+// SA90_BWD_LATE (experiment): a pair's second dKV chunk is flushed in the next iteration,
+// after that pair's S / dP products are issued, so its reductions drain while the tensor
+// cores run them. 1: the whole chunk late; 2: its first half before the next pair's ready
+// wait, the second half after the S / dP issue (32 fewer live registers under S / dP).
+#ifndef SA90_BWD_LATE
+#define SA90_BWD_LATE 0
+#endif
+// SA90_BWD_ORDER=1 (experiment): dKV chunk 0's products first, dq's behind them, and chunk
+// 0's reductions issued while dq's products run (the ring is freed after dq's products,
+// halfway through that flush).
+#ifndef SA90_BWD_ORDER
+#define SA90_BWD_ORDER 0
+#endif
+
+// Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
+// contribution slot (deterministic).
+__device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int local, int it, int r, int n_hblk, int hb, int b, int fkey) {
+    return p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb) * kD
+                           : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
+}
+
+// Groups m0 <= m < m1 of 16 columns of a 128-column dKV chunk (acc: key rows r0, r1 of the
+// wgmma layout) in the permuted layout above; `col` = the chunk's first column + 4 c4.
+template <int M0, int M1>
+__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], float* dst0, float* dst1, int fkey0, int fkey1, int col) {
+#pragma unroll
+    for (int m = M0; m < M1; ++m) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float4 v = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
+            float* ptr = (rr ? dst1 : dst0) + col + 16 * m;
+            const u32 on = (rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3;
+            // Predicated in the instructions, not by branches: between a wgmma's issue and
+            // its wait a divergent branch makes ptxas serialize the products (C7518).
+            asm volatile(
+                "{\n.reg .pred q, d, a;\n"
+                "setp.ne.b32 q, %5, 0;\n"
+                "setp.ne.and.b32 d, %6, 0, q;\n"
+                "setp.eq.and.b32 a, %6, 0, q;\n"
+                "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
@@ -230,6 +276,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     for (int i = 0; i < 128; ++i) dq[i] = 0.0f;
 
     mbar_wait(qdo_bar, 0);
+#if SA90_BWD_LATE
+    float acc1[kDkvN / 2];  // the previous pair's second dKV chunk (flushed under this pair's S / dP)
+#pragma unroll
+    for (int i = 0; i < kDkvN / 2; ++i) acc1[i] = 0.0f;
+    int pkey0 = -1, pkey1 = -1;  // its flush keys (-1: nothing to flush)
+    const int late_col = cw * 256 + kDkvN + 4 * c4;
+#endif
 
     for (int it = 0; it < n_iters; ++it) {
         const u32 par = it & 1;  // the ready phase of both buffers in this iteration
@@ -237,6 +290,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const u32 other_kv = kv_base + (1 - cw) * kBlockBytes;
         // S = Q K^T, dP = dO K^T over the 8 column groups.
         float sc[16], dp[16];
+#if SA90_BWD_LATE == 2
+        flush_chunk<0, kDkvN / 32>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
+#endif
         mbar_wait(ready_bar + cw, par);
         sa90::consumer_after_ready();
         wgmma_fence();
@@ -251,6 +307,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
         }
         wgmma_commit();
+#if SA90_BWD_LATE == 1
+        flush_chunk<0, kDkvN / 16>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
+#elif SA90_BWD_LATE == 2
+        flush_chunk<kDkvN / 32, kDkvN / 16>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
+#endif
         wgmma_wait<0>();
         fence_regs(sc);
         fence_regs(dp);
@@ -304,6 +365,66 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
         any_valid |= fkey0 >= 0 || fkey1 >= 0;
 
+#if SA90_BWD_ORDER == 1
+        wgmma_fence();
+        {
+            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+            float acc[kDkvN / 2];
+            {  // dKV chunk 0 first (it needs no K / V), dq's products behind it
+                const int col0 = cw * 256;
+                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                    }
+                }
+                wgmma_commit();
+            }
+            {
+                const u64 my_kd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+                const u64 other_kd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
+                const u64 other_dsd = sw128_desc(ds_base + (1 - cw) * 64, 16, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk)
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk)
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
+                wgmma_commit();
+            }
+            wgmma_wait<1>();  // chunk 0 done; its flush drains while dq's products run
+            fence_regs(acc);
+            float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
+            float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+            flush_chunk<0, kDkvN / 32>(p, acc, d0, d1, fkey0, fkey1, cw * 256 + 4 * c4);
+            wgmma_wait<0>();  // dq's products: the ring's two buffers are read
+            fence_regs(dq);
+            mbar_arrive(free_bar + 0);
+            mbar_arrive(free_bar + 1);
+            flush_chunk<kDkvN / 32, kDkvN / 16>(p, acc, d0, d1, fkey0, fkey1, cw * 256 + 4 * c4);
+            {  // chunk 1
+                const int col0 = cw * 256 + kDkvN;
+                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                    }
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(acc);
+                flush_chunk<0, kDkvN / 16>(p, acc, d0, d1, fkey0, fkey1, col0 + 4 * c4);
+            }
+        }
+    }
+#else
         // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
         wgmma_fence();
         const u64 my_kd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
@@ -319,6 +440,41 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
         // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
+#if SA90_BWD_LATE
+        {
+            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+            float acc[kDkvN / 2];
+#pragma unroll
+            for (int ch = 0; ch < 2; ++ch) {
+                const int col0 = cw * 256 + ch * kDkvN;
+                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
+                float (&d)[kDkvN / 2] = ch ? acc1 : acc;
+                if (ch > 0) wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n128k16_ss<1>(d, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n128k16_ss<1>(d, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                    }
+                }
+                wgmma_commit();
+                if (ch == 0) {
+                    wgmma_wait<1>();  // dq's products: the ring's two buffers are read
+                    fence_regs(dq);
+                    mbar_arrive(free_bar + 0);
+                    mbar_arrive(free_bar + 1);
+                }
+                wgmma_wait<0>();
+                fence_regs(d);
+                if (ch == 0) flush_chunk<0, kDkvN / 16>(p, acc, flush_row(p, local, it, r0, n_hblk, hb, b, fkey0), flush_row(p, local, it, r1, n_hblk, hb, b, fkey1), fkey0, fkey1, col0 + 4 * c4);
+            }
+            pkey0 = fkey0;
+            pkey1 = fkey1;
+        }
+    }
+    flush_chunk<0, kDkvN / 16>(p, acc1, flush_row(p, local, n_iters - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, n_iters - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
+#else
 #pragma unroll 1
         for (int ch = 0; ch < 256 / kDkvN; ++ch) {
             const int col0 = cw * 256 + ch * kDkvN;
@@ -367,6 +523,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
         }
     }
+
+#endif
+#endif  // SA90_BWD_ORDER
 
     // Whether the row has a valid slot (the flush rows of one consumer cover all 64 keys
     // of every pair).
