@@ -10,6 +10,7 @@
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
+// dsv4-test-defines: SA90_BWD_FLUSH_UNDER_DQ=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -131,18 +132,13 @@ __device__ __forceinline__ void store_contrib(float* dst, float4 v) {
     __stcs(reinterpret_cast<float4*>(dst), v);
 }
 
-// SA90_BWD_LATE (experiment): a pair's second dKV chunk is flushed in the next iteration,
-// after that pair's S / dP products are issued, so its reductions drain while the tensor
-// cores run them. 1: the whole chunk late; 2: its first half before the next pair's ready
-// wait, the second half after the S / dP issue (32 fewer live registers under S / dP).
-#ifndef SA90_BWD_LATE
-#define SA90_BWD_LATE 0
-#endif
-// SA90_BWD_ORDER=1 (experiment): dKV chunk 0's products first, dq's behind them, and chunk
-// 0's reductions issued while dq's products run (the ring is freed after dq's products,
-// halfway through that flush).
-#ifndef SA90_BWD_ORDER
-#define SA90_BWD_ORDER 0
+// SA90_BWD_FLUSH_UNDER_DQ=1 (the launcher's choice for the atomic mode): each pair's dKV
+// chunk 0 is computed before dq's products and its reductions are issued while they run
+// (the ring is freed after dq's products, halfway through that flush). H200 (v15): atomic
+// S=16384 9.68 -> 9.50 ms, S=4096 2.124 -> 2.09; the deterministic mode's streaming stores
+// were slower that way (18.87 -> 19.23), so it keeps dq's products first (0).
+#ifndef SA90_BWD_FLUSH_UNDER_DQ
+#define SA90_BWD_FLUSH_UNDER_DQ 0
 #endif
 
 // Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
@@ -276,13 +272,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     for (int i = 0; i < 128; ++i) dq[i] = 0.0f;
 
     mbar_wait(qdo_bar, 0);
-#if SA90_BWD_LATE
-    float acc1[kDkvN / 2];  // the previous pair's second dKV chunk (flushed under this pair's S / dP)
-#pragma unroll
-    for (int i = 0; i < kDkvN / 2; ++i) acc1[i] = 0.0f;
-    int pkey0 = -1, pkey1 = -1;  // its flush keys (-1: nothing to flush)
-    const int late_col = cw * 256 + kDkvN + 4 * c4;
-#endif
 
     for (int it = 0; it < n_iters; ++it) {
         const u32 par = it & 1;  // the ready phase of both buffers in this iteration
@@ -290,9 +279,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const u32 other_kv = kv_base + (1 - cw) * kBlockBytes;
         // S = Q K^T, dP = dO K^T over the 8 column groups.
         float sc[16], dp[16];
-#if SA90_BWD_LATE == 2
-        flush_chunk<0, kDkvN / 32>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
-#endif
         mbar_wait(ready_bar + cw, par);
         sa90::consumer_after_ready();
         wgmma_fence();
@@ -307,11 +293,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
         }
         wgmma_commit();
-#if SA90_BWD_LATE == 1
-        flush_chunk<0, kDkvN / 16>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
-#elif SA90_BWD_LATE == 2
-        flush_chunk<kDkvN / 32, kDkvN / 16>(p, acc1, flush_row(p, local, it - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, it - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
-#endif
         wgmma_wait<0>();
         fence_regs(sc);
         fence_regs(dp);
@@ -365,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
         any_valid |= fkey0 >= 0 || fkey1 >= 0;
 
-#if SA90_BWD_ORDER == 1
+#if SA90_BWD_FLUSH_UNDER_DQ
         wgmma_fence();
         {
             const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
@@ -440,41 +421,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
         // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
         // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
-#if SA90_BWD_LATE
-        {
-            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
-            float acc[kDkvN / 2];
-#pragma unroll
-            for (int ch = 0; ch < 2; ++ch) {
-                const int col0 = cw * 256 + ch * kDkvN;
-                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-                float (&d)[kDkvN / 2] = ch ? acc1 : acc;
-                if (ch > 0) wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n128k16_ss<1>(d, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                        wgmma_m64n128k16_ss<1>(d, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-                    }
-                }
-                wgmma_commit();
-                if (ch == 0) {
-                    wgmma_wait<1>();  // dq's products: the ring's two buffers are read
-                    fence_regs(dq);
-                    mbar_arrive(free_bar + 0);
-                    mbar_arrive(free_bar + 1);
-                }
-                wgmma_wait<0>();
-                fence_regs(d);
-                if (ch == 0) flush_chunk<0, kDkvN / 16>(p, acc, flush_row(p, local, it, r0, n_hblk, hb, b, fkey0), flush_row(p, local, it, r1, n_hblk, hb, b, fkey1), fkey0, fkey1, col0 + 4 * c4);
-            }
-            pkey0 = fkey0;
-            pkey1 = fkey1;
-        }
-    }
-    flush_chunk<0, kDkvN / 16>(p, acc1, flush_row(p, local, n_iters - 1, r0, n_hblk, hb, b, pkey0), flush_row(p, local, n_iters - 1, r1, n_hblk, hb, b, pkey1), pkey0, pkey1, late_col);
-#else
 #pragma unroll 1
         for (int ch = 0; ch < 256 / kDkvN; ++ch) {
             const int col0 = cw * 256 + ch * kDkvN;
@@ -523,9 +469,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             }
         }
     }
-
-#endif
-#endif  // SA90_BWD_ORDER
+#endif  // SA90_BWD_FLUSH_UNDER_DQ
 
     // Whether the row has a valid slot (the flush rows of one consumer cover all 64 keys
     // of every pair).
