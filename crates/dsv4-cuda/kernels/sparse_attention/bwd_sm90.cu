@@ -43,6 +43,8 @@
 //        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
 //        so the next pair's gathers overlap the dKV products; each thread copies its
 //        flush row's key to a register first (the producer rewrites the slot keys).
+//        Atomic mode (SA90_BWD_FLUSH_UNDER_DQ, below): dKV chunk 0 is issued before dq's
+//        products and flushed while they run.
 // Why this split: the transposed P^T / dS^T tiles make the dKV product a plain K-major A
 // (no transposed-A wgmma needed) and the non-transposed dS tile gives dq the forward's
 // verified P V form; all descriptors are the forms hopper_probe.cu checks.
@@ -159,8 +161,8 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
             const float4 v = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
             float* ptr = (rr ? dst1 : dst0) + col + 16 * m;
             const u32 on = (rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3;
-            // Predicated in the instructions, not by branches: between a wgmma's issue and
-            // its wait a divergent branch makes ptxas serialize the products (C7518).
+            // Predicated in the PTX rather than under an `if`: with a divergent branch
+            // between a wgmma's issue and its wait ptxas serialized the products (C7518).
             asm volatile(
                 "{\n.reg .pred q, d, a;\n"
                 "setp.ne.b32 q, %5, 0;\n"
