@@ -30,7 +30,7 @@ def matvec(K, v, kind):
 
 
 def fwd_v0(x, repeat, eps):
-    """The current kernel: a_i *= rcp(a_i s_i + eps)."""
+    """The kernel before v15: a_i *= rcp(a_i s_i + eps)."""
     _, K = softmax_eps32(x, eps)
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); e = np.full_like(a, f32(eps))
     for k in steps(repeat):
@@ -61,8 +61,9 @@ def pair_rcp(d, pairs):
 
 
 def fwd_v1(x, repeat, eps, pairs=1):
-    """FWD_VARIANT=1: alpha = 1/a kept beside a; alpha <- K b + eps alpha (den / a, no
-    multiply by a), a <- 1/alpha with `pairs` pairs of denominators sharing one MUFU."""
+    """The kernel since v15 (pairs=0): alpha = 1/a kept beside a; alpha <- K b + eps alpha
+    (den / a, no multiply by a), a <- 1/alpha, with `pairs` pairs of denominators sharing
+    one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs)."""
     _, K = softmax_eps32(x, eps)
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
     e = f32(eps)
@@ -106,7 +107,7 @@ def main():
         n = x.shape[-1]
         ref = ref_forward(x, rep, eps)
         print(f"== {name}")
-        for cname, fn in [("v0 (current)", fwd_v0), ("v1 alpha, 1 pair", fwd_v1), ("v2 den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8))]:
+        for cname, fn in [("den (before v15)", fwd_v0), ("alpha (since v15)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8))]:
             print(f"   {cname:24s} per row {row_err(fn(x, rep, eps), ref, n):.2e}")
 
 
