@@ -11,6 +11,7 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: SA90_BWD_FLUSH_UNDER_DQ=1
+// dsv4-test-defines: SA90_BWD_SPLIT=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -143,6 +144,21 @@ __device__ __forceinline__ void store_contrib(float* dst, float4 v) {
 #define SA90_BWD_FLUSH_UNDER_DQ 0
 #endif
 
+// SA90_BWD_SPLIT=1 (experiment, staged in v15, NOT run on a GPU): the consumers split by
+// role instead of by key block. Consumer 0: S and dP of the pair's 64 keys (both ring
+// buffers), the softmax, the dS / P^T / dS^T tiles, dq[:, 0:256] (RS, dS from registers).
+// Consumer 1: dq[:, 256:512] (SS from the dS tile; with consumer 0's dq the ring is freed),
+// then all of dKV for the pair in eight 64-column chunks over two accumulator sets, each
+// chunk's reductions issued while the next chunk's products run, so the SM's reductions
+// do not stop for products. Named barrier kBarTilesReady: consumer 0 -> 1 (the tiles are
+// written); kBarTilesFree: consumer 1 -> 0 (its last dKV products have read them). Why:
+// docs/perf.md v15 (the reductions alone take 7.71 of the 9.57 ms at S=16384; the
+// symmetric split stops both consumers' products for every flush).
+#ifndef SA90_BWD_SPLIT
+#define SA90_BWD_SPLIT 0
+#endif
+constexpr int kBarTilesReady = 6, kBarTilesFree = 7;
+
 // Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
 // contribution slot (deterministic).
 __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int local, int it, int r, int n_hblk, int hb, int b, int fkey) {
@@ -152,8 +168,8 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 
 // Groups m0 <= m < m1 of 16 columns of a 128-column dKV chunk (acc: key rows r0, r1 of the
 // wgmma layout) in the permuted layout above; `col` = the chunk's first column + 4 c4.
-template <int M0, int M1>
-__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], float* dst0, float* dst1, int fkey0, int fkey1, int col) {
+template <int M0, int M1, int NA>
+__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* dst0, float* dst1, int fkey0, int fkey1, int col) {
 #pragma unroll
     for (int m = M0; m < M1; ++m) {
 #pragma unroll
@@ -275,6 +291,152 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
     mbar_wait(qdo_bar, 0);
 
+#if SA90_BWD_SPLIT
+    const u64 qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
+    for (int it = 0; it < n_iters; ++it) {
+        const u32 par = it & 1;  // the ready phase of both buffers in this iteration
+        if (cw == 0) {
+            // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
+            float sc[2][16], dp[2][16];
+            mbar_wait(ready_bar + 0, par);
+            mbar_wait(ready_bar + 1, par);
+            sa90::consumer_after_ready();
+            wgmma_fence();
+            const u64 kd0 = sw128_desc(kv_base, 16, 1024);
+#pragma unroll
+            for (int ks = 0; ks < 32; ++ks) {
+                const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
+                const u32 ko = (ks / 4) * kGroupBytes + (ks % 4) * 32;
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+#pragma unroll
+                    for (int bb = 0; bb < 2; ++bb) {
+                        wgmma_m64n32k16_ss<0>(sc[bb], desc_advance(qd0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
+                        wgmma_m64n32k16_ss<0>(dp[bb], desc_advance(dod0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
+                    }
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(sc[0]);
+            fence_regs(sc[1]);
+            fence_regs(dp[0]);
+            fence_regs(dp[1]);
+
+            // P and dS as bf16 pairs (the symmetric split's formulas, per block bb):
+            // pp[bb][jj][0 / 1] = P[r0 / r1][32 bb + 8 jj + 2 c4 ..]; da[2 bb + jj / 2] = dS
+            // in the A layout of wgmma.cuh (k-step 2 bb + jj / 2 of the pair's 64 keys).
+            mbar_wait(keys_bar + 0, par);
+            mbar_wait(keys_bar + 1, par);
+            u32 pp[2][4][2], da[4][4];
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const int* keys = keys_s + bb * kBN;
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int col = 8 * jj + 2 * c4;
+                    const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
+                    const float p00 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 0] * s_scale - lse0) : 0.0f;
+                    const float p01 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 1] * s_scale - lse0) : 0.0f;
+                    const float p10 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 2] * s_scale - lse1) : 0.0f;
+                    const float p11 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 3] * s_scale - lse1) : 0.0f;
+                    pp[bb][jj][0] = pack_bf16(p00, p01);
+                    pp[bb][jj][1] = pack_bf16(p10, p11);
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[bb][4 * jj + 0] - de0), p.sm_scale * p01 * (dp[bb][4 * jj + 1] - de0));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[bb][4 * jj + 2] - de1), p.sm_scale * p11 * (dp[bb][4 * jj + 3] - de1));
+                }
+            }
+
+            if (it > 0) named_sync(kBarTilesFree, 256);  // consumer 1's last products of the previous pair read the tiles
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                // dS [heads][keys]: columns 32 bb + 8 jj.. (16-byte chunk 4 bb + jj of each head row).
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r0, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 0]) : "memory");
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r1, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 1]) : "memory");
+                }
+                // P^T, dS^T [keys][heads]: rows 32 bb.. (the symmetric split's stmatrix layout).
+                const int m = lane / 8, i = lane % 8;
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const u32 off = sw128(bb * kBN + 8 * (2 * x + m / 2) + i, 2 * warp + m % 2);
+                    stsm_x4_trans(pt_base + off, pp[bb][2 * x][0], pp[bb][2 * x][1], pp[bb][2 * x + 1][0], pp[bb][2 * x + 1][1]);
+                    stsm_x4_trans(dst_base + off, da[2 * bb + x][0], da[2 * bb + x][1], da[2 * bb + x][2], da[2 * bb + x][3]);
+                }
+            }
+            fence_proxy_async();
+            named_arrive(kBarTilesReady, 256);
+
+            // dq[:, 0:256] += dS K[:, 0:256] over the pair's 64 keys (RS; K N-major).
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes, kGroupBytes, 1024);
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dq);
+            mbar_arrive(free_bar + 0);
+            mbar_arrive(free_bar + 1);
+        } else {
+            named_sync(kBarTilesReady, 256);
+            mbar_wait(ready_bar + 0, par);  // done already (consumer 0 waited); orders the data for this thread
+            mbar_wait(ready_bar + 1, par);
+            sa90::consumer_after_ready();
+            mbar_wait(keys_bar + 0, par);  // done already as well
+            mbar_wait(keys_bar + 1, par);
+            const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
+            any_valid |= fkey0 >= 0 || fkey1 >= 0;
+            float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
+            float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+
+            // dq[:, 256:512] += dS K[:, 256:512] (SS: the dS tile, K N-major).
+            wgmma_fence();
+            const u64 dsd = sw128_desc(ds_base, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes + 4 * kGroupBytes, kGroupBytes, 1024);
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(dsd, kk * 32), desc_advance(kd, (kk % 2) * 2048), 1);
+            }
+            wgmma_commit();
+
+            // dKV[pair keys, 64 c ..] = dS^T Q + P^T dO, chunk c into acc[c % 2]; chunk c - 1's
+            // reductions go out while chunk c's products run.
+            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+            float acc[2][32];
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                if (c > 0) wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                    }
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
+                if (c == 0) {
+                    fence_regs(dq);
+                    mbar_arrive(free_bar + 0);
+                    mbar_arrive(free_bar + 1);
+                } else {
+                    fence_regs(acc[(c - 1) % 2]);
+                    flush_chunk<0, 4>(p, acc[(c - 1) % 2], d0, d1, fkey0, fkey1, 64 * (c - 1) + 4 * c4);
+                }
+            }
+            wgmma_wait<0>();
+            fence_regs(acc[1]);
+            named_arrive(kBarTilesFree, 256);  // the tiles are read
+            flush_chunk<0, 4>(p, acc[1], d0, d1, fkey0, fkey1, 64 * 7 + 4 * c4);
+        }
+    }
+    // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
+    if (cw == 0 && n_iters > 0) named_sync(kBarTilesFree, 256);
+#else
     for (int it = 0; it < n_iters; ++it) {
         const u32 par = it & 1;  // the ready phase of both buffers in this iteration
         const u32 my_kv = kv_base + cw * kBlockBytes;          // block 2 it + cw: buffer cw
@@ -472,6 +634,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         }
     }
 #endif  // SA90_BWD_FLUSH_UNDER_DQ
+#endif  // SA90_BWD_SPLIT
 
     // Whether the row has a valid slot (the flush rows of one consumer cover all 64 keys
     // of every pair).
