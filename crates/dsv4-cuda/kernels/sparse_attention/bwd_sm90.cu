@@ -157,7 +157,9 @@ __device__ __forceinline__ void store_contrib(float* dst, float4 v) {
 #ifndef SA90_BWD_SPLIT
 #define SA90_BWD_SPLIT 0
 #endif
+#if SA90_BWD_SPLIT
 constexpr int kBarTilesReady = 6, kBarTilesFree = 7;
+#endif
 
 // Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
 // contribution slot (deterministic).
@@ -403,10 +405,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
             // dKV[pair keys, 64 c ..] = dS^T Q + P^T dO, chunk c into acc[c % 2]; chunk c - 1's
             // reductions go out while chunk c's products run.
+            constexpr int kN = kDkvN / 2;  // 64 columns a chunk: one SW128 group of Q / dO
             const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
-            float acc[2][32];
+            float acc[2][kN / 2];
 #pragma unroll
-            for (int c = 0; c < 8; ++c) {
+            for (int c = 0; c < kD / kN; ++c) {
                 const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
                 const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
                 if (c > 0) wgmma_fence();
@@ -425,13 +428,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     mbar_arrive(free_bar + 1);
                 } else {
                     fence_regs(acc[(c - 1) % 2]);
-                    flush_chunk<0, 4>(p, acc[(c - 1) % 2], d0, d1, fkey0, fkey1, 64 * (c - 1) + 4 * c4);
+                    flush_chunk<0, kN / 16>(p, acc[(c - 1) % 2], d0, d1, fkey0, fkey1, kN * (c - 1) + 4 * c4);
                 }
             }
             wgmma_wait<0>();
             fence_regs(acc[1]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
-            flush_chunk<0, 4>(p, acc[1], d0, d1, fkey0, fkey1, 64 * 7 + 4 * c4);
+            flush_chunk<0, kN / 16>(p, acc[1], d0, d1, fkey0, fkey1, kD - kN + 4 * c4);
         }
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
