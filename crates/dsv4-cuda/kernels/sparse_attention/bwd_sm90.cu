@@ -168,8 +168,8 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
                            : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
 }
 
-// Groups m0 <= m < m1 of 16 columns of a 128-column dKV chunk (acc: key rows r0, r1 of the
-// wgmma layout) in the permuted layout above; `col` = the chunk's first column + 4 c4.
+// Groups m0 <= m < m1 of 16 columns of a dKV chunk of 2 NA columns (acc: key rows r0, r1 of
+// the wgmma layout) in the permuted layout above; `col` = the chunk's first column + 4 c4.
 template <int M0, int M1, int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* dst0, float* dst1, int fkey0, int fkey1, int col) {
 #pragma unroll
