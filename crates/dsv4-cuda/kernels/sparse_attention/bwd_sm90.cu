@@ -12,6 +12,7 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: SA90_BWD_FLUSH_UNDER_DQ=1
 // dsv4-test-defines: SA90_BWD_SPLIT=1
+// dsv4-test-defines: SA90_BWD_SPLIT=1 SA90_BWD_LINES=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -192,6 +193,55 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
         }
     }
 }
+
+#if SA90_BWD_SPLIT
+// SA90_BWD_LINES=1 (experiment, split only): consumer 1 flushes a chunk as 4 key rows x
+// 128 B a warp instruction instead of 8 x 64 B (the L2 reduction probe: 3.43 vs 2.87 TB/s
+// at one CTA an SM with the gathers, docs/perf.md v13). The quads of lanes l and l ^ 4
+// (key rows r and r + 1 of the wgmma layout) swap one 16-byte vector of each pair of
+// column groups (m, m + 1): the even quad keeps group m of its row and sends group m + 1,
+// the odd quad keeps group m + 1 and sends group m; then one instruction writes both
+// groups of the even quad's row, the next both of the odd quad's. row_a / row_b, on_a /
+// on_b: the rows and predicates of the two instructions (the partner's shuffled once a pair).
+#ifndef SA90_BWD_LINES
+#define SA90_BWD_LINES 0
+#endif
+template <int NA>
+__device__ __forceinline__ void flush_chunk_lines(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
+#pragma unroll
+    for (int m = 0; m < NA / 8; m += 2) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
+            const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
+            const float4 send = odd ? a : c;
+            float4 recv;
+            recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
+            recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
+            recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
+            recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
+            // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
+            // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
+            const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
+            const int gcol = col + 16 * (m + (odd ? 1 : 0));
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float4 v = k ? v2 : v1;
+                float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
+                const u32 on = k ? on_b[rr] : on_a[rr];
+                asm volatile(
+                    "{\n.reg .pred q, d, a;\n"
+                    "setp.ne.b32 q, %5, 0;\n"
+                    "setp.ne.and.b32 d, %6, 0, q;\n"
+                    "setp.eq.and.b32 a, %6, 0, q;\n"
+                    "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                    "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+            }
+        }
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -392,6 +442,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             any_valid |= fkey0 >= 0 || fkey1 >= 0;
             float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
             float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+#if SA90_BWD_LINES
+            // The rows and predicates of the two instructions of each vector pair: a = the
+            // even quad's rows, b = the odd quad's (flush_chunk_lines).
+            const bool odd = (g & 1) != 0;
+            const u32 on0 = fkey0 >= 0 && DSV4_SA90_BWD_DIAG != 3, on1 = fkey1 >= 0 && DSV4_SA90_BWD_DIAG != 3;
+            float* const pd0 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d0), 4));
+            float* const pd1 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d1), 4));
+            const u32 pon0 = __shfl_xor_sync(DSV4_FULL_MASK, on0, 4), pon1 = __shfl_xor_sync(DSV4_FULL_MASK, on1, 4);
+            float* const row_a[2] = {odd ? pd0 : d0, odd ? pd1 : d1};
+            float* const row_b[2] = {odd ? d0 : pd0, odd ? d1 : pd1};
+            const u32 on_a[2] = {odd ? pon0 : on0, odd ? pon1 : on1};
+            const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
+#endif
 
             // dq[:, 256:512] += dS K[:, 256:512] (SS: the dS tile, K N-major).
             wgmma_fence();
@@ -428,13 +491,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     mbar_arrive(free_bar + 1);
                 } else {
                     fence_regs(acc[(c - 1) % 2]);
+#if SA90_BWD_LINES
+                    flush_chunk_lines(p, acc[(c - 1) % 2], row_a, row_b, on_a, on_b, odd, kN * (c - 1) + 4 * c4);
+#else
                     flush_chunk<0, kN / 16>(p, acc[(c - 1) % 2], d0, d1, fkey0, fkey1, kN * (c - 1) + 4 * c4);
+#endif
                 }
             }
             wgmma_wait<0>();
             fence_regs(acc[1]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
+#if SA90_BWD_LINES
+            flush_chunk_lines(p, acc[1], row_a, row_b, on_a, on_b, odd, kD - kN + 4 * c4);
+#else
             flush_chunk<0, kN / 16>(p, acc[1], d0, d1, fkey0, fkey1, kD - kN + 4 * c4);
+#endif
         }
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
