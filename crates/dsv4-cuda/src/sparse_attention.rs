@@ -602,10 +602,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            // The atomic mode flushes dKV chunk 0 under dq's products (faster there, slower
-            // for the deterministic mode's stores: bwd_sm90.cu, SA90_BWD_FLUSH_UNDER_DQ).
-            let flush_under_dq = if deterministic { "0" } else { "1" };
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_FLUSH_UNDER_DQ", flush_under_dq.into())])?, [384u32, 1, 1])
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };

@@ -10,7 +10,7 @@
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: SA90_BWD_FLUSH_UNDER_DQ=1
+// dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -18,43 +18,47 @@
 // blockIdx.y, n_hblk = gridDim.y. Three warpgroups:
 //   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier), then the row's
 //        slots in blocks of 32 keys gathered by cp.async into a ring of two 32 KiB buffers
-//        (one pair of blocks; the rows are K and V at once: MQA), "ready" / "free"
-//        mbarriers per buffer, slot keys staged per 1024-slot chunk (as fwd_sm90.cu).
-//   WG 1 and WG 2, consumers c = 0, 1: first delta[h] = <dout[h], out[h]> (from global
-//        memory, 4 threads a head) and lse in log2 units into shared memory. In iteration
-//        i consumer c owns block 2i + c (buffer c):
-//          S_c = Q K_c^T, dP_c = dO K_c^T    m64n32k16 SS, 32 k-steps each (K-major)
-//          P_c = exp2(S_c sm_scale log2e - lse2) (masked slots and padded heads: 0),
-//          dS_c = sm_scale P_c (dP_c - delta)
-//        barrier A (the other consumer is done with the previous pair's tiles), then
-//          dS_c   -> dS   [64 heads][64 keys] columns 32c.. (plain stores; A of dq)
-//          P_c^T  -> P^T  [64 keys][64 heads] rows 32c..     (stmatrix .trans; A of dKV)
-//          dS_c^T -> dS^T [64 keys][64 heads] rows 32c..
-//        barrier B (all of the pair's tiles written), then
-//          dq[:, 256c..] += dS_c K_c (RS, own dS in registers) + dS_o K_o (SS)
-//                           (K N-major: the forward's P V), 128 f32 a thread
-//          dKV[pair's 64 keys, 256c..] = dS^T Q + P^T dO   (M = keys, K = heads: 4 k-steps;
-//                           A K-major from the transposed tiles, B = the Q / dO tiles read
-//                           N-major), in chunks of 128 columns (64 f32 a thread), each
-//                           flushed from its accumulators into f32 columns permuted
-//                           within groups of 16 (the flush layout below), so each lane's
-//                           4 values of a group are one 16-byte write: atomic,
-//                           red.global.add.v4.f32; deterministic, a streaming store.
-//        The ring buffers are freed as soon as dq's products are done (dKV needs no K/V),
-//        so the next pair's gathers overlap the dKV products; each thread copies its
-//        flush row's key to a register first (the producer rewrites the slot keys).
-//        Atomic mode (SA90_BWD_FLUSH_UNDER_DQ, below): dKV chunk 0 is issued before dq's
-//        products and flushed while they run.
+//        (one pair of blocks = the iteration's 64 keys; the rows are K and V at once: MQA),
+//        "ready" / "free" mbarriers per buffer, slot keys staged per 1024-slot chunk (as
+//        fwd_sm90.cu).
+//   WG 1 and WG 2, consumers 0 and 1: first delta[h] = <dout[h], out[h]> (from global
+//        memory, 4 threads a head) and lse in log2 units into shared memory. Then per pair
+//        the consumers split by role (since v16; before, each consumer took one block of
+//        the pair and half of every product, and both stopped their products to flush):
+//     consumer 0: S = Q K^T, dP = dO K^T of both blocks (m64n32k16 SS, 32 k-steps each,
+//          K-major), P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
+//          dS = sm_scale P (dP - delta); once consumer 1 has read the previous pair's
+//          tiles (named barrier kBarTilesFree):
+//            dS   -> dS   [64 heads][64 keys] (plain stores; A of consumer 1's dq)
+//            P^T  -> P^T  [64 keys][64 heads] (stmatrix .trans; A of dKV)
+//            dS^T -> dS^T [64 keys][64 heads]
+//          (kBarTilesReady to consumer 1), then dq[:, 0:256] += dS K[:, 0:256] (RS, dS
+//          from registers; K N-major: the forward's P V) and its half of the ring's frees.
+//     consumer 1: dq[:, 256:512] += dS K[:, 256:512] (SS from the dS tile), then all of
+//          dKV[pair's 64 keys] = dS^T Q + P^T dO (M = keys, K = heads: 4 k-steps; A K-major
+//          from the transposed tiles, B = the Q / dO tiles read N-major) in eight chunks of
+//          64 columns over two accumulator sets (32 f32 a thread each): chunk c's products
+//          run while chunk c - 1 is flushed, so the reductions, the kernel's bound, do not
+//          stop for products; the ring is freed as soon as dq's products are done (dKV
+//          needs no K/V), so the next pair's gathers overlap the dKV products.
+//        Each chunk is flushed from its accumulators into f32 columns permuted within
+//        groups of 16 (the flush layout below), 4 key rows x 128 B a warp instruction:
+//        atomic, red.global.add.v4.f32 into [B, K, D]; deterministic, streaming stores.
+//        Each thread copies its flush rows' keys to registers first (the producer rewrites
+//        the slot keys).
 // Why this split: the transposed P^T / dS^T tiles make the dKV product a plain K-major A
 // (no transposed-A wgmma needed) and the non-transposed dS tile gives dq the forward's
-// verified P V form; all descriptors are the forms hopper_probe.cu checks.
+// verified P V form; all descriptors are the forms hopper_probe.cu checks. H200
+// (docs/perf.md v16), S=16384 atomic: without the reductions 6.72 ms, without the products
+// 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
 // 2 x [32 x 512] 64 KiB, dS, P^T, dS^T 3 x 8 KiB, slot keys of the ring's blocks (for the
 // masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
 // "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
 // (16-byte stores). A ring of two buffers (not the forward's four) is what fits beside dO
-// and the three P / dS tiles.
+// and the three P / dS tiles (so consumer 0 also waits for consumer 1 to read the tiles
+// before it writes the next pair's).
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -79,7 +83,7 @@ constexpr int kGroupBytes = kBN * 128;   // one SW128 group of a block: 64 colum
 constexpr int kQGroupBytes = kHB * 128;  // one SW128 group of Q / dO: 64 columns
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
 constexpr int kTileBytes = 64 * 128;     // [64 x 64] bf16 SW128: dS, P^T, dS^T
-constexpr int kDkvN = 128;               // dKV columns per chunk (64 f32 accumulators a thread)
+constexpr int kDkvN = 64;                // dKV columns per chunk (32 f32 accumulators a thread)
 constexpr int kChunk = 1024;             // slot keys the producer reads per index pass
 
 // Byte offsets from the 1024-aligned base.
@@ -106,12 +110,6 @@ constexpr int kSa90BwdSmemBytes = kBytes + 1024;
 static_assert(kSa90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
 static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
 
-// dst[0..4] += v: one 16-byte f32 vector reduction (dst 16-byte aligned); each element's
-// add is atomic on its own, no ordering implied.
-__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
-    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-}
-
 // Four 8x8 bf16 matrices from the mma fragment layout (register i: matrix i, thread t
 // holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1) stored transposed: fragment
 // element (row, col) goes to row `col` of the stored matrix, position `row`. Lane l gives
@@ -120,28 +118,9 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
-// The dKV flush layout: the f32 columns permuted within each group of 16 (column
-// 16 m + 8 h + 2 c + e stored at 16 m + 4 c + 2 h + e), so a lane's two accumulator pairs
-// of a group (n8 tiles 2m, 2m + 1) are 4 consecutive floats: one 16-byte reduction (atomic)
-// or streaming store (deterministic: read once, by bwd_reduce.cu) with no shuffles, a warp
-// instruction 8 key rows x 64 B. The f32 -> bf16 conversion (bwd_reduce.cu) undoes the
-// permutation. On the H200 (v14, S=16384) this took the atomic backward from 10.29 to
-// 9.63 ms against the natural layout's quads (four shuffles a vector, the same 8 x 64 B),
-// and the deterministic one from 19.52 to 18.98 against 8-byte stores of the pairs (both
-// with streaming stores, which alone took it from 19.77 to 19.52); 4 rows x 128 B (two
-// shuffles a vector) was slower in both modes (10.11 / 20.23).
-__device__ __forceinline__ void store_contrib(float* dst, float4 v) {
-    __stcs(reinterpret_cast<float4*>(dst), v);
-}
-
-// SA90_BWD_FLUSH_UNDER_DQ=1 (the launcher's choice for the atomic mode): each pair's dKV
-// chunk 0 is computed before dq's products and its reductions are issued while they run
-// (the ring is freed after dq's products, halfway through that flush). H200 (v15): atomic
-// S=16384 9.68 -> 9.50 ms, S=4096 2.124 -> 2.09; the deterministic mode's streaming stores
-// were slower that way (18.87 -> 19.23), so it keeps dq's products first (0).
-#ifndef SA90_BWD_FLUSH_UNDER_DQ
-#define SA90_BWD_FLUSH_UNDER_DQ 0
-#endif
+// Named barriers between the consumers (1: both, 3 + c: consumer c alone).
+constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
+constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
 
 // Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
 // contribution slot (deterministic).
@@ -150,27 +129,58 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
                            : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
 }
 
-// Groups m0 <= m < m1 of 16 columns of a 128-column dKV chunk (acc: key rows r0, r1 of the
-// wgmma layout) in the permuted layout above; `col` = the chunk's first column + 4 c4.
-template <int M0, int M1>
-__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], float* dst0, float* dst1, int fkey0, int fkey1, int col) {
+// The dKV flush layout: the f32 columns permuted within each group of 16 (column
+// 16 m + 8 h + 2 c + e stored at 16 m + 4 c + 2 h + e), so a lane's two accumulator pairs
+// of a group (n8 tiles 2m, 2m + 1) are 4 consecutive floats, one 16-byte vector. The
+// f32 -> bf16 conversion (bwd_reduce.cu) undoes the permutation.
+// A chunk of 2 NA columns (acc: key rows r0, r1 of the wgmma layout) goes out as 4 key rows
+// x 128 B a warp instruction: the quads of lanes l and l ^ 4 (key rows r and r + 1) swap
+// one vector of each pair of column groups (m, m + 1): the even quad keeps group m of its
+// row and sends group m + 1, the odd quad keeps group m + 1 and sends group m; then one
+// instruction writes both groups of the even quad's row, the next both of the odd quad's.
+// row_a / row_b, on_a / on_b: the rows and predicates of those two instructions (the
+// partner's shuffled once a pair); `col` = the chunk's first column + 4 c4.
+// Atomic: red.global.add.v4.f32 (each element's add atomic on its own, no ordering
+// implied); deterministic: streaming stores (read once, by bwd_reduce.cu).
+// History (H200, S=16384): the permuted layout took the atomic backward from 10.29 to
+// 9.63 ms against quads of the natural layout (v14); 4 x 128 B lost against 8 x 64 B
+// (each lane's own vectors, no shuffles) while both consumers flushed (v13-v14: 10.11 vs
+// 9.63) and won once one consumer does all flushing (v16: 9.44-9.47 -> 8.95-9.06; the L2
+// reduction probe, v13: 3.43 vs 2.87 TB/s at one CTA an SM with the gathers).
+template <int NA>
+__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
 #pragma unroll
-    for (int m = M0; m < M1; ++m) {
+    for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-            const float4 v = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
-            float* ptr = (rr ? dst1 : dst0) + col + 16 * m;
-            const u32 on = (rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3;
-            // Predicated in the PTX rather than under an `if`: with a divergent branch
-            // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-            asm volatile(
-                "{\n.reg .pred q, d, a;\n"
-                "setp.ne.b32 q, %5, 0;\n"
-                "setp.ne.and.b32 d, %6, 0, q;\n"
-                "setp.eq.and.b32 a, %6, 0, q;\n"
-                "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+            const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
+            const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
+            const float4 send = odd ? a : c;
+            float4 recv;
+            recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
+            recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
+            recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
+            recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
+            // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
+            // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
+            const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
+            const int gcol = col + 16 * (m + (odd ? 1 : 0));
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float4 v = k ? v2 : v1;
+                float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
+                const u32 on = k ? on_b[rr] : on_a[rr];
+                // Predicated in the PTX rather than under an `if`: with a divergent branch
+                // between a wgmma's issue and its wait ptxas serialized the products (C7518).
+                asm volatile(
+                    "{\n.reg .pred q, d, a;\n"
+                    "setp.ne.b32 q, %5, 0;\n"
+                    "setp.ne.and.b32 d, %6, 0, q;\n"
+                    "setp.eq.and.b32 a, %6, 0, q;\n"
+                    "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                    "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+            }
         }
     }
 }
@@ -232,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
     // ---------------- consumers ----------------
     regs_inc<232>();
-    const int cw = wg - 1;  // this consumer's block of each pair and column half of dq / dKV
+    const int cw = wg - 1;  // this consumer's role (0: S, dP, softmax, tiles; 1: dKV) and column half of dq
     const int ct = tid - 128;
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
@@ -275,206 +285,164 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
     mbar_wait(qdo_bar, 0);
 
+    const u64 qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
     for (int it = 0; it < n_iters; ++it) {
         const u32 par = it & 1;  // the ready phase of both buffers in this iteration
-        const u32 my_kv = kv_base + cw * kBlockBytes;          // block 2 it + cw: buffer cw
-        const u32 other_kv = kv_base + (1 - cw) * kBlockBytes;
-        // S = Q K^T, dP = dO K^T over the 8 column groups.
-        float sc[16], dp[16];
-        mbar_wait(ready_bar + cw, par);
-        sa90::consumer_after_ready();
-        wgmma_fence();
-        const u64 kd0 = sw128_desc(my_kv, 16, 1024), qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
+        if (cw == 0) {
+            // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
+            float sc[2][16], dp[2][16];
+            mbar_wait(ready_bar + 0, par);
+            mbar_wait(ready_bar + 1, par);
+            sa90::consumer_after_ready();
+            wgmma_fence();
+            const u64 kd0 = sw128_desc(kv_base, 16, 1024);
 #pragma unroll
-        for (int ks = 0; ks < 32; ++ks) {
-            const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
-            const u64 kd = desc_advance(kd0, (ks / 4) * kGroupBytes + (ks % 4) * 32);
-            if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                wgmma_m64n32k16_ss<0>(sc, desc_advance(qd0, qo), kd, ks > 0);
-                wgmma_m64n32k16_ss<0>(dp, desc_advance(dod0, qo), kd, ks > 0);
-            }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(sc);
-        fence_regs(dp);
-
-        // P = exp2(S sm_scale log2e - lse2), dS = sm_scale P (dP - delta), as bf16 pairs:
-        // pp[jj][0 / 1] = P[r0 / r1][8 jj + 2 c4 ..], da = dS in the A layout of wgmma.cuh
-        // (da[jj / 2][2 (jj % 2) + 0 / 1] = dS[r0 / r1][8 jj + 2 c4 ..]).
-        mbar_wait(keys_bar + cw, par);
-        const int* keys = keys_s + cw * kBN;
-        u32 pp[4][2], da[2][4];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int col = 8 * jj + 2 * c4;
-            const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
-            const float p00 = v0 ? sa90::exp2_p(sc[4 * jj + 0] * s_scale - lse0) : 0.0f;
-            const float p01 = v1 ? sa90::exp2_p(sc[4 * jj + 1] * s_scale - lse0) : 0.0f;
-            const float p10 = v0 ? sa90::exp2_p(sc[4 * jj + 2] * s_scale - lse1) : 0.0f;
-            const float p11 = v1 ? sa90::exp2_p(sc[4 * jj + 3] * s_scale - lse1) : 0.0f;
-            pp[jj][0] = pack_bf16(p00, p01);
-            pp[jj][1] = pack_bf16(p10, p11);
-            da[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[4 * jj + 0] - de0), p.sm_scale * p01 * (dp[4 * jj + 1] - de0));
-            da[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[4 * jj + 2] - de1), p.sm_scale * p11 * (dp[4 * jj + 3] - de1));
-        }
-
-        named_sync(1, 256);  // A: both consumers are done with the previous pair's dS, P^T, dS^T
-        // dS [heads][keys]: columns 32 cw + 8 jj.. (16-byte chunk 4 cw + jj of each head row).
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r0, 4 * cw + jj) + 4 * c4), "r"(da[jj / 2][(jj % 2) * 2 + 0]) : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r1, 4 * cw + jj) + 4 * c4), "r"(da[jj / 2][(jj % 2) * 2 + 1]) : "memory");
-        }
-        // P^T, dS^T [keys][heads]: stmatrix x (0, 1) stores the 8x8 matrices (key block
-        // jj = 2x + m / 2, head half m % 2), m = 0..3; lane l addresses key row
-        // 32 cw + 8 jj + l % 8 at heads 16 warp + 8 (m % 2) (16-byte chunk 2 warp + m % 2).
-        {
-            const int m = lane / 8, i = lane % 8;
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                const u32 off = sw128(cw * kBN + 8 * (2 * x + m / 2) + i, 2 * warp + m % 2);
-                stsm_x4_trans(pt_base + off, pp[2 * x][0], pp[2 * x][1], pp[2 * x + 1][0], pp[2 * x + 1][1]);
-                stsm_x4_trans(dst_base + off, da[x][0], da[x][1], da[x][2], da[x][3]);
-            }
-        }
-        fence_proxy_async();
-        named_sync(2, 256);  // B: the pair's dS, P^T, dS^T written
-
-        mbar_wait(ready_bar + 1 - cw, par);  // done already (the other consumer waited); orders its data for this thread
-        sa90::consumer_after_ready();
-        // This thread's flush key (the producer rewrites the ring's keys once the buffers are free).
-        mbar_wait(keys_bar + 1 - cw, par);  // done already as well
-        const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
-        any_valid |= fkey0 >= 0 || fkey1 >= 0;
-
-#if SA90_BWD_FLUSH_UNDER_DQ
-        wgmma_fence();
-        {
-            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
-            float acc[kDkvN / 2];
-            {  // dKV chunk 0 first (it needs no K / V), dq's products behind it
-                const int col0 = cw * 256;
-                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                        wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-                    }
-                }
-                wgmma_commit();
-            }
-            {
-                const u64 my_kd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
-                const u64 other_kd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
-                const u64 other_dsd = sw128_desc(ds_base + (1 - cw) * 64, 16, 1024);
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk)
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk)
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
-                wgmma_commit();
-            }
-            wgmma_wait<1>();  // chunk 0 done; its flush drains while dq's products run
-            fence_regs(acc);
-            float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
-            float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
-            flush_chunk<0, kDkvN / 32>(p, acc, d0, d1, fkey0, fkey1, cw * 256 + 4 * c4);
-            wgmma_wait<0>();  // dq's products: the ring's two buffers are read
-            fence_regs(dq);
-            mbar_arrive(free_bar + 0);
-            mbar_arrive(free_bar + 1);
-            flush_chunk<kDkvN / 32, kDkvN / 16>(p, acc, d0, d1, fkey0, fkey1, cw * 256 + 4 * c4);
-            {  // chunk 1
-                const int col0 = cw * 256 + kDkvN;
-                const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-                const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                        wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-                    }
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(acc);
-                flush_chunk<0, kDkvN / 16>(p, acc, d0, d1, fkey0, fkey1, col0 + 4 * c4);
-            }
-        }
-    }
-#else
-        // dq[:, my half] += dS_c K_c + dS_other K_other (K: N-major, this consumer's 4 groups).
-        wgmma_fence();
-        const u64 my_kd = sw128_desc(my_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
-        const u64 other_kd = sw128_desc(other_kv + cw * 4 * kGroupBytes, kGroupBytes, 1024);
-        const u64 other_dsd = sw128_desc(ds_base + (1 - cw) * 64, 16, 1024);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-            if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(my_kd, kk * 2048), 1);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-            if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(other_dsd, kk * 32), desc_advance(other_kd, kk * 2048), 1);
-        wgmma_commit();
-
-        // dKV[pair keys, my half] = dS^T Q + P^T dO, chunk by chunk; the first chunk's
-        // products are issued behind dq's so the tensor cores stay busy while the ring is freed.
-#pragma unroll 1
-        for (int ch = 0; ch < 256 / kDkvN; ++ch) {
-            const int col0 = cw * 256 + ch * kDkvN;
-            float acc[kDkvN / 2];
-            if (ch > 0) wgmma_fence();
-            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
-            const u64 qnd = sw128_desc(q_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-            const u64 donm = sw128_desc(do_base + (col0 / 64) * kQGroupBytes, kQGroupBytes, 1024);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
+            for (int ks = 0; ks < 32; ++ks) {
+                const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
+                const u32 ko = (ks / 4) * kGroupBytes + (ks % 4) * 32;
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                    wgmma_m64n128k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                    wgmma_m64n128k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+#pragma unroll
+                    for (int bb = 0; bb < 2; ++bb) {
+                        wgmma_m64n32k16_ss<0>(sc[bb], desc_advance(qd0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
+                        wgmma_m64n32k16_ss<0>(dp[bb], desc_advance(dod0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
+                    }
                 }
             }
             wgmma_commit();
-            if (ch == 0) {
-                wgmma_wait<1>();  // dq's products: the ring's two buffers are read
-                fence_regs(dq);
-                mbar_arrive(free_bar + 0);
-                mbar_arrive(free_bar + 1);
-            }
             wgmma_wait<0>();
-            fence_regs(acc);
-            // Flush of key rows r0, r1 in the permuted layout (above): per group m of 16
-            // columns and key row rr, the pairs of n8 tiles 2m and 2m + 1.
-            {
-                float* const dst0 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r0) * n_hblk + hb) * kD
-                                                    : p.dkv + (static_cast<i64>(b) * p.K + max(fkey0, 0)) * kD;
-                float* const dst1 = p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r1) * n_hblk + hb) * kD
-                                                    : p.dkv + (static_cast<i64>(b) * p.K + max(fkey1, 0)) * kD;
+            fence_regs(sc[0]);
+            fence_regs(sc[1]);
+            fence_regs(dp[0]);
+            fence_regs(dp[1]);
+
+            // P and dS as bf16 pairs (the symmetric split's formulas, per block bb):
+            // pp[bb][jj][0 / 1] = P[r0 / r1][32 bb + 8 jj + 2 c4 ..]; da[2 bb + jj / 2] = dS
+            // in the A layout of wgmma.cuh (k-step 2 bb + jj / 2 of the pair's 64 keys).
+            mbar_wait(keys_bar + 0, par);
+            mbar_wait(keys_bar + 1, par);
+            u32 pp[2][4][2], da[4][4];
 #pragma unroll
-                for (int m = 0; m < kDkvN / 16; ++m) {
+            for (int bb = 0; bb < 2; ++bb) {
+                const int* keys = keys_s + bb * kBN;
 #pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        const float4 v = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
-                        float* ptr = (rr ? dst1 : dst0) + col0 + 16 * m + 4 * c4;
-                        if ((rr ? fkey1 : fkey0) >= 0 && DSV4_SA90_BWD_DIAG != 3) {
-                            if (p.deterministic)
-                                store_contrib(ptr, v);
-                            else
-                                red_add_v4(ptr, v);
-                        }
-                    }
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int col = 8 * jj + 2 * c4;
+                    const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
+                    const float p00 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 0] * s_scale - lse0) : 0.0f;
+                    const float p01 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 1] * s_scale - lse0) : 0.0f;
+                    const float p10 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 2] * s_scale - lse1) : 0.0f;
+                    const float p11 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 3] * s_scale - lse1) : 0.0f;
+                    pp[bb][jj][0] = pack_bf16(p00, p01);
+                    pp[bb][jj][1] = pack_bf16(p10, p11);
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[bb][4 * jj + 0] - de0), p.sm_scale * p01 * (dp[bb][4 * jj + 1] - de0));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[bb][4 * jj + 2] - de1), p.sm_scale * p11 * (dp[bb][4 * jj + 3] - de1));
                 }
             }
+
+            if (it > 0) named_sync(kBarTilesFree, 256);  // consumer 1's last products of the previous pair read the tiles
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                // dS [heads][keys]: columns 32 bb + 8 jj.. (16-byte chunk 4 bb + jj of each head row).
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r0, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 0]) : "memory");
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r1, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 1]) : "memory");
+                }
+                // P^T, dS^T [keys][heads]: rows 32 bb.. (the symmetric split's stmatrix layout).
+                const int m = lane / 8, i = lane % 8;
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const u32 off = sw128(bb * kBN + 8 * (2 * x + m / 2) + i, 2 * warp + m % 2);
+                    stsm_x4_trans(pt_base + off, pp[bb][2 * x][0], pp[bb][2 * x][1], pp[bb][2 * x + 1][0], pp[bb][2 * x + 1][1]);
+                    stsm_x4_trans(dst_base + off, da[2 * bb + x][0], da[2 * bb + x][1], da[2 * bb + x][2], da[2 * bb + x][3]);
+                }
+            }
+            fence_proxy_async();
+            named_arrive(kBarTilesReady, 256);
+
+            // dq[:, 0:256] += dS K[:, 0:256] over the pair's 64 keys (RS; K N-major).
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes, kGroupBytes, 1024);
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dq);
+            mbar_arrive(free_bar + 0);
+            mbar_arrive(free_bar + 1);
+        } else {
+            named_sync(kBarTilesReady, 256);
+            mbar_wait(ready_bar + 0, par);  // done already (consumer 0 waited); orders the data for this thread
+            mbar_wait(ready_bar + 1, par);
+            sa90::consumer_after_ready();
+            mbar_wait(keys_bar + 0, par);  // done already as well
+            mbar_wait(keys_bar + 1, par);
+            const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
+            any_valid |= fkey0 >= 0 || fkey1 >= 0;
+            float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
+            float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+            // The rows and predicates of the two instructions of each vector pair: a = the
+            // even quad's rows, b = the odd quad's (flush_chunk).
+            const bool odd = (g & 1) != 0;
+            const u32 on0 = fkey0 >= 0 && DSV4_SA90_BWD_DIAG != 3, on1 = fkey1 >= 0 && DSV4_SA90_BWD_DIAG != 3;
+            float* const pd0 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d0), 4));
+            float* const pd1 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d1), 4));
+            const u32 pon0 = __shfl_xor_sync(DSV4_FULL_MASK, on0, 4), pon1 = __shfl_xor_sync(DSV4_FULL_MASK, on1, 4);
+            float* const row_a[2] = {odd ? pd0 : d0, odd ? pd1 : d1};
+            float* const row_b[2] = {odd ? d0 : pd0, odd ? d1 : pd1};
+            const u32 on_a[2] = {odd ? pon0 : on0, odd ? pon1 : on1};
+            const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
+
+            // dq[:, 256:512] += dS K[:, 256:512] (SS: the dS tile, K N-major).
+            wgmma_fence();
+            const u64 dsd = sw128_desc(ds_base, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes + 4 * kGroupBytes, kGroupBytes, 1024);
+                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(dsd, kk * 32), desc_advance(kd, (kk % 2) * 2048), 1);
+            }
+            wgmma_commit();
+
+            // dKV[pair keys, 64 c ..] = dS^T Q + P^T dO (chunk c: one SW128 group of Q / dO)
+            // into acc[c % 2]; chunk c - 1's reductions go out while chunk c's products run.
+            const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+            float acc[2][kDkvN / 2];
+#pragma unroll
+            for (int c = 0; c < kD / kDkvN; ++c) {
+                const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                if (c > 0) wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                    }
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
+                if (c == 0) {
+                    fence_regs(dq);
+                    mbar_arrive(free_bar + 0);
+                    mbar_arrive(free_bar + 1);
+                } else {
+                    fence_regs(acc[(c - 1) % 2]);
+                    flush_chunk(p, acc[(c - 1) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                }
+            }
+            wgmma_wait<0>();
+            fence_regs(acc[1]);
+            named_arrive(kBarTilesFree, 256);  // the tiles are read
+            flush_chunk(p, acc[1], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
         }
     }
-#endif  // SA90_BWD_FLUSH_UNDER_DQ
+    // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
+    if (cw == 0 && n_iters > 0) named_sync(kBarTilesFree, 256);
 
-    // Whether the row has a valid slot (the flush rows of one consumer cover all 64 keys
-    // of every pair).
+    // Whether the row has a valid slot (consumer 1's flush rows cover all 64 keys of every
+    // pair).
     if (any_valid) *flag_s = 1;
     named_sync(1, 256);  // also: every product of both consumers is done, so Q is free
     const bool row_nonempty = *flag_s != 0 || p.all_rows_nonempty;
