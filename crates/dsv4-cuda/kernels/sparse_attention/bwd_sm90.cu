@@ -11,6 +11,8 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=1
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -117,6 +119,14 @@ static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in s
 __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
+
+// SA90_BWD_C0_CHUNKS=N (experiment, v16): consumer 0 also takes dKV chunks 0..N-1 (after
+// its dq products; one accumulator set, each chunk flushed before the next is issued), so
+// 8 warps instead of 4 issue reductions part of the time (the probe's 3.4-3.6 TB/s used 8
+// warps an SM; consumer 1 alone reached 2.7 TB/s without products). 0: consumer 1 takes all.
+#ifndef SA90_BWD_C0_CHUNKS
+#define SA90_BWD_C0_CHUNKS 0
+#endif
 
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
@@ -368,10 +378,53 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
             }
             wgmma_commit();
+#if SA90_BWD_C0_CHUNKS > 0
+            {
+                const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // read before this consumer frees the ring
+                float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
+                float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+                const bool odd = (g & 1) != 0;
+                const u32 on0 = fkey0 >= 0 && DSV4_SA90_BWD_DIAG != 3, on1 = fkey1 >= 0 && DSV4_SA90_BWD_DIAG != 3;
+                float* const pd0 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d0), 4));
+                float* const pd1 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d1), 4));
+                const u32 pon0 = __shfl_xor_sync(DSV4_FULL_MASK, on0, 4), pon1 = __shfl_xor_sync(DSV4_FULL_MASK, on1, 4);
+                float* const row_a[2] = {odd ? pd0 : d0, odd ? pd1 : d1};
+                float* const row_b[2] = {odd ? d0 : pd0, odd ? d1 : pd1};
+                const u32 on_a[2] = {odd ? pon0 : on0, odd ? pon1 : on1};
+                const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
+                named_sync(3, 128);  // this consumer's tile stores are done before its products read them
+                const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+                float acc[kDkvN / 2];
+#pragma unroll
+                for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
+                    const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                    const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ++ks) {
+                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                            wgmma_m64n64k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                            wgmma_m64n64k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                        }
+                    }
+                    wgmma_commit();
+                    if (c == 0) {
+                        wgmma_wait<1>();  // dq's products: the ring is read
+                        fence_regs(dq);
+                        mbar_arrive(free_bar + 0);
+                        mbar_arrive(free_bar + 1);
+                    }
+                    wgmma_wait<0>();
+                    fence_regs(acc);
+                    flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
+                }
+            }
+#else
             wgmma_wait<0>();
             fence_regs(dq);
             mbar_arrive(free_bar + 0);
             mbar_arrive(free_bar + 1);
+#endif
         } else {
             named_sync(kBarTilesReady, 256);
             mbar_wait(ready_bar + 0, par);  // done already (consumer 0 waited); orders the data for this thread
@@ -410,32 +463,33 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
             float acc[2][kDkvN / 2];
 #pragma unroll
-            for (int c = 0; c < kD / kDkvN; ++c) {
+            for (int c = SA90_BWD_C0_CHUNKS; c < kD / kDkvN; ++c) {
                 const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
                 const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
-                if (c > 0) wgmma_fence();
+                if (c > SA90_BWD_C0_CHUNKS) wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < 4; ++ks) {
                     if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                        wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                        wgmma_m64n64k16_ss<1>(acc[(c - SA90_BWD_C0_CHUNKS) % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n64k16_ss<1>(acc[(c - SA90_BWD_C0_CHUNKS) % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
                     }
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
-                if (c == 0) {
+                if (c == SA90_BWD_C0_CHUNKS) {
                     fence_regs(dq);
                     mbar_arrive(free_bar + 0);
                     mbar_arrive(free_bar + 1);
                 } else {
-                    fence_regs(acc[(c - 1) % 2]);
-                    flush_chunk(p, acc[(c - 1) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                    fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
+                    flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
                 }
             }
             wgmma_wait<0>();
-            fence_regs(acc[1]);
+            constexpr int kLast = (kD / kDkvN - 1 - SA90_BWD_C0_CHUNKS) % 2;
+            fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
-            flush_chunk(p, acc[1], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
+            flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
         }
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
