@@ -602,7 +602,10 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[])?, [384u32, 1, 1])
+            // The atomic mode's consumer 0 takes two of the eight dKV chunks (faster there,
+            // slower for the deterministic mode's stores: bwd_sm90.cu, SA90_BWD_C0_CHUNKS).
+            let c0_chunks = if deterministic { "0" } else { "2" };
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into())])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };

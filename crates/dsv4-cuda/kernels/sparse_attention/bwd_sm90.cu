@@ -11,7 +11,6 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
@@ -35,9 +34,11 @@
 //            P^T  -> P^T  [64 keys][64 heads] (stmatrix .trans; A of dKV)
 //            dS^T -> dS^T [64 keys][64 heads]
 //          (kBarTilesReady to consumer 1), then dq[:, 0:256] += dS K[:, 0:256] (RS, dS
-//          from registers; K N-major: the forward's P V) and its half of the ring's frees.
-//     consumer 1: dq[:, 256:512] += dS K[:, 256:512] (SS from the dS tile), then all of
-//          dKV[pair's 64 keys] = dS^T Q + P^T dO (M = keys, K = heads: 4 k-steps; A K-major
+//          from registers; K N-major: the forward's P V) and its half of the ring's frees;
+//          atomic mode: then dKV chunks 0 and 1 as consumer 1 does the others
+//          (SA90_BWD_C0_CHUNKS, below).
+//     consumer 1: dq[:, 256:512] += dS K[:, 256:512] (SS from the dS tile), then (the rest
+//          of) dKV[pair's 64 keys] = dS^T Q + P^T dO (M = keys, K = heads: 4 k-steps; A K-major
 //          from the transposed tiles, B = the Q / dO tiles read N-major) in eight chunks of
 //          64 columns over two accumulator sets (32 f32 a thread each): chunk c's products
 //          run while chunk c - 1 is flushed, so the reductions, the kernel's bound, do not
@@ -120,10 +121,13 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
-// SA90_BWD_C0_CHUNKS=N (experiment, v16): consumer 0 also takes dKV chunks 0..N-1 (after
-// its dq products; one accumulator set, each chunk flushed before the next is issued), so
-// 8 warps instead of 4 issue reductions part of the time (the probe's 3.4-3.6 TB/s used 8
-// warps an SM; consumer 1 alone reached 2.7 TB/s without products). 0: consumer 1 takes all.
+// SA90_BWD_C0_CHUNKS=N: consumer 0 also takes dKV chunks 0..N-1 (after its dq products;
+// one accumulator set, each chunk flushed before the next is issued), so 8 warps instead of
+// 4 issue reductions part of the time (the L2 probe's 3.4-3.6 TB/s used 8 warps an SM;
+// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 2 for
+// the atomic mode (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
+// -> 1.902-1.904; N = 1: 8.97 / 1.913), 0 for the deterministic mode (its streaming stores:
+// 18.54-18.57 -> 18.74 with N = 2, 18.63 with N = 1).
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
 #endif
@@ -475,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     }
                 }
                 wgmma_commit();
-                wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
+                wgmma_wait<1>();  // the first chunk: dq's products (the ring is read); else chunk c - 1
                 if (c == SA90_BWD_C0_CHUNKS) {
                     fence_regs(dq);
                     mbar_arrive(free_bar + 0);
