@@ -329,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             fence_regs(dp[0]);
             fence_regs(dp[1]);
 
-            // P and dS as bf16 pairs (the symmetric split's formulas, per block bb):
+            // P and dS as bf16 pairs, per block bb (bwd.cu's formulas in log2 units):
             // pp[bb][jj][0 / 1] = P[r0 / r1][32 bb + 8 jj + 2 c4 ..]; da[2 bb + jj / 2] = dS
             // in the A layout of wgmma.cuh (k-step 2 bb + jj / 2 of the pair's 64 keys).
             mbar_wait(keys_bar + 0, par);
@@ -362,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r0, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 0]) : "memory");
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_base + sw128(r1, 4 * bb + jj) + 4 * c4), "r"(da[2 * bb + jj / 2][(jj % 2) * 2 + 1]) : "memory");
                 }
-                // P^T, dS^T [keys][heads]: rows 32 bb.. (the symmetric split's stmatrix layout).
+                // P^T, dS^T [keys][heads]: rows 32 bb.. (stmatrix .trans of the fragments).
                 const int m = lane / 8, i = lane % 8;
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
