@@ -602,10 +602,10 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            // The atomic mode's consumer 0 takes two of the eight dKV chunks (faster there,
+            // The atomic mode's consumer 0 takes three of the eight dKV chunks (faster there,
             // slower for the deterministic mode's stores: bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
             // DSV4_EXTRA_DEFINES may set the atomic mode's count, 0..=7, to compare).
-            let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("2");
+            let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("3");
             let c0_chunks = if deterministic { "0" } else { atomic_chunks };
             (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into())])?, [384u32, 1, 1])
         } else {

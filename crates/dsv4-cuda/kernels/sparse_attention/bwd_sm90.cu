@@ -11,7 +11,7 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=2
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -124,10 +124,12 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 // SA90_BWD_C0_CHUNKS=N: consumer 0 also takes dKV chunks 0..N-1 (after its dq products;
 // one accumulator set, each chunk flushed before the next is issued), so 8 warps instead of
 // 4 issue reductions part of the time (the L2 probe's 3.4-3.6 TB/s used 8 warps an SM;
-// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 2 for
+// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 3 for
 // the atomic mode (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
-// -> 1.902-1.904; N = 1: 8.97 / 1.913), 0 for the deterministic mode (its streaming stores:
-// 18.54-18.57 -> 18.74 with N = 2, 18.63 with N = 1).
+// -> 1.902-1.904 with N = 2; N = 1: 8.97 / 1.913; v17 call 1, N = 2 / 3 / 4: S=4096
+// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08),
+// 0 for the deterministic mode (its streaming stores: 18.54-18.57 -> 18.74 with N = 2,
+// 18.63 with N = 1).
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
 #endif
