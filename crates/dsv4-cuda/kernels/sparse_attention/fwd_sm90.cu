@@ -43,6 +43,7 @@
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_KEYS_FIRST=0
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
+// dsv4-test-defines: SA90_EARLY_HALF_FIRST=1
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -95,6 +96,23 @@ using dsv4::sa::slot_key;
 #define SA90_PRODUCER_REGS 56
 #endif
 static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
+
+// SA90_EARLY_HALF_FIRST=1 (experiment, v16, NOT run on a GPU): FlashMLA's order of the
+// chain. Each buffer gets one half that is freed early in the iteration and one freed
+// late, and each consumer starts its next S on the early one: consumer 1 computes S1 over
+// buffer 1 R first, issues its own P1 V1_R (A from registers) right after its softmax, so
+// that buffer 1 R is freed early, and adds P0 V0_R last; consumer 0 waits for P0 V0_L and
+// frees buffer 0 L before it waits for the pair's max, then stores P0 rescaled to the
+// pair's max (so consumer 1 needs one rescale of O_R an iteration, not two). The producer
+// refills 0 L, 1 R, 0 R, 1 L. Today (0): consumer 1's next S starts on buffer 1 L, which
+// consumer 0's P1 V1_L, the iteration's last product, frees: the v15 trace has consumer 1
+// waiting ~1,230 cycles an iteration for it.
+#ifndef SA90_EARLY_HALF_FIRST
+#define SA90_EARLY_HALF_FIRST 0
+#endif
+// The half of buffer `buf` the producer refills first (it carries the block's slot keys),
+// and the half of its block consumer `buf` issues its S on first.
+__device__ __forceinline__ constexpr int first_half(int buf) { return SA90_EARLY_HALF_FIRST ? buf : 0; }
 
 // SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup of every 8th row's CTA
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
@@ -253,7 +271,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half > 0 || k > 0);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half != first_half(cw) || k > 0);
         }
         wgmma_commit();
     };
@@ -347,10 +365,128 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     };
 
     if (n_iters > 0) {
-        issue_s_half(0, 0);
-        issue_s_half(0, 1);
+        issue_s_half(0, first_half(cw));
+        issue_s_half(0, 1 - first_half(cw));
     }
 
+#if SA90_EARLY_HALF_FIRST
+    for (int it = 0; it < n_iters; ++it) {
+        const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
+        const bool more = it + 1 < n_iters;
+        u32 pa[4][4];
+        float pm0, pm1, ps0, ps1;
+        if constexpr (cw == 0) {
+            s_done(it, tb, pm0, pm1);  // S0 (and the last iteration's P1 V1_L); frees 0 R, 1 R
+            // mx = max(m, rowmax S0), published for consumer 1 (barrier M0).
+            const float mx0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mx1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
+            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
+            if (c4 == 0) {
+                max_s[r0] = mx0;
+                max_s[r1] = mx1;
+            }
+            named_arrive(kBarM0, 256);
+            SA90_T(tb + 6);
+            // P0 = exp2(S0 - mx), kept in f32 in sc for the rescale below; O_L += P0 V0_L.
+            ps0 = 0.0f;
+            ps1 = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+                if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
+                    sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mx0);
+                    sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mx0);
+                    sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mx1);
+                    sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mx1);
+                    ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
+                    ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
+                }
+                pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0], sc[4 * jj + 1]);
+                pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(sc[4 * jj + 2], sc[4 * jj + 3]);
+            }
+            l0 = l0 * al0 + ps0;
+            l1 = l1 * al1 + ps1;
+            rescale_o(o, al0, al1);
+            issue_pv_own(pa);  // O_L += P0 V0_L
+            SA90_T(tb + 7);
+            wgmma_wait<0>();  // P0 V0_L
+            fence_regs(o);
+            mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
+            SA90_T(tb + 8);
+            // The pair's max my = max(mx, rowmax S1) from consumer 1 (barrier M1); P0 at my
+            // to shared memory for consumer 1's P0 V0_R (barrier P0).
+            named_sync(kBarM1, 256);
+            const float my0 = max_s[kHB + r0], my1 = max_s[kHB + r1];
+            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
+            m0 = my0;
+            m1 = my1;
+            l0 *= f0;
+            l1 *= f1;
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+                pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0] * f0, sc[4 * jj + 1] * f0);
+                pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(sc[4 * jj + 2] * f1, sc[4 * jj + 3] * f1);
+            }
+            store_p(pa);
+            named_arrive(kBarP0, 256);
+            rescale_o(o, f0, f1);
+            named_sync(kBarP1, 256);  // P1 (at my) in shared memory
+            SA90_T(tb + 9);
+            issue_pv_other(it);  // O_L += P1 V1_L
+            SA90_T(tb + 10);
+            // The next S0's first half (buffer 0 L, refilled since mid-iteration) goes in
+            // while P1 V1_L runs; buffer 1 L is freed once P1 V1_L is done.
+            if (more) {
+                issue_s_half(it + 1, 0);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            fence_regs(o);
+            mbar_arrive(free_bar + 1 * 2 + 0);  // buffer 1 L: P1 V1_L done
+            if (more) issue_s_half(it + 1, 1);
+        } else {
+            s_done(it, tb, pm0, pm1);  // S1 (and the last iteration's products); frees 1 L, 0 L
+            // The pair's max my = max(mx, rowmax S1) (mx from consumer 0, barrier M0; >= m:
+            // both ended the last iteration at my), published for consumer 0 (barrier M1).
+            named_sync(kBarM0, 256);
+            const float mx0 = max_s[r0], mx1 = max_s[r1];
+            const float my0 = (DSV4_SA90_DIAG & 4) ? mx0 : fmaxf(mx0, pm0), my1 = (DSV4_SA90_DIAG & 4) ? mx1 : fmaxf(mx1, pm1);
+            if (c4 == 0) {
+                max_s[kHB + r0] = my0;
+                max_s[kHB + r1] = my1;
+            }
+            named_arrive(kBarM1, 256);
+            SA90_T(tb + 6);
+            // O_R, l to my; P1 = exp2(S1 - my); O_R += P1 V1_R first (buffer 1 R freed early),
+            // P1 to shared memory for consumer 0's P1 V1_L (barrier P1).
+            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - my0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - my1);
+            m0 = my0;
+            m1 = my1;
+            rescale_o(o, al0, al1);
+            softmax_p(my0, my1, pa, ps0, ps1);
+            l0 = l0 * al0 + ps0;
+            l1 = l1 * al1 + ps1;
+            issue_pv_own(pa);  // O_R += P1 V1_R
+            SA90_T(tb + 7);
+            store_p(pa);
+            named_arrive(kBarP1, 256);
+            named_sync(kBarP0, 256);  // P0 (at my) in shared memory
+            SA90_T(tb + 9);
+            issue_pv_other(it);  // O_R += P0 V0_R
+            SA90_T(tb + 10);
+            wgmma_wait<1>();  // P1 V1_R (o is still an accumulator of P0 V0_R: not fenced)
+            mbar_arrive(free_bar + 1 * 2 + 1);  // buffer 1 R: S1 and P1 V1_R done
+            wgmma_wait<0>();
+            fence_regs(o);
+            SA90_T(tb + 8);
+            mbar_arrive(free_bar + 0 * 2 + 1);  // buffer 0 R: P0 V0_R done
+            if (more) {
+                issue_s_half(it + 1, 1);
+                issue_s_half(it + 1, 0);
+            }
+        }
+        SA90_T(tb + 11);
+    }
+#else
     for (int it = 0; it < n_iters; ++it) {
         const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
         const bool more = it + 1 < n_iters;
@@ -453,6 +589,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         }
         SA90_T(tb + 11);
     }
+#endif
     // Nothing is in flight here (the last iteration waited for all its products); the
     // explicit wait tells ptxas so.
     wgmma_wait<0>();
@@ -597,8 +734,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             // barriers, measured 3.94 against 3.39 ms: docs/perf.md v9.)
 #pragma unroll 1
             for (int step = 0; step < 4; ++step) {
-                const int buf = step / 2;
-                const int half = step % 2;
+                // SA90_EARLY_HALF_FIRST: 0 L, 1 R, 0 R, 1 L.
+                const int buf = SA90_EARLY_HALF_FIRST ? step % 2 : step / 2;
+                const int half = SA90_EARLY_HALF_FIRST ? (step < 2 ? first_half(buf) : 1 - first_half(buf)) : step % 2;
                 if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
                 if (it < 14) SA90_T(16 + 8 * it + 2 * step);
                 const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
@@ -610,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 int key[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
-                if (half == 0 && j == 0) {  // the first half of each buffer carries the block's keys
+                if (half == first_half(buf) && j == 0) {  // the first half refilled carries the block's keys
 #pragma unroll
                     for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
                     mbar_arrive(keys_bar + buf);
