@@ -551,7 +551,11 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         smem_bytes: smem as i32,
         sm_scale: a.sm_scale,
     };
-    let grid = [(dm.b * dm.s) as u32, grid_y as u32, 1];
+    // fwd_sm90.cu's SA90_PERSISTENT (an experiment, set through DSV4_EXTRA_DEFINES): one
+    // wave of CTAs (one an SM), each taking rows x, x + grid x, ... of its head block.
+    let persistent = hopper && crate::runtime::extra_define("SA90_PERSISTENT") == Some("1");
+    let grid_x = if persistent { (dm.b * dm.s).min((gpu.props().sm_count as usize / grid_y).max(1)) } else { dm.b * dm.s };
+    let grid = [grid_x as u32, grid_y as u32, 1];
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never

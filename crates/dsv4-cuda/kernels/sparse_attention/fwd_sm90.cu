@@ -44,6 +44,8 @@
 // dsv4-test-defines: SA90_KEYS_FIRST=0
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
 // dsv4-test-defines: SA90_EARLY_HALF_FIRST=1
+// dsv4-test-defines: SA90_PERSISTENT=1
+// dsv4-test-defines: SA90_PERSISTENT=1 SA90_EARLY_HALF_FIRST=1
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -110,6 +112,19 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 #ifndef SA90_EARLY_HALF_FIRST
 #define SA90_EARLY_HALF_FIRST 0
 #endif
+// SA90_PERSISTENT=1 (experiment, v16, NOT run on a GPU; the launcher reads it from
+// DSV4_EXTRA_DEFINES and launches min(rows, SMs) CTAs a head block): each CTA takes rows
+// blockIdx.x, + gridDim.x, ... and the ring, its barriers' phases and the chain run on
+// across rows, so the producer loads the next row's Q as soon as both consumers' last S of
+// a row is done (buffer 0 L's free barrier of the row's last iteration says so) and
+// gathers its first blocks while the consumers finish the row: the v15 trace has ~5,450
+// cycles before a CTA's first S and ~5,000 after its last product, of ~46,100 a CTA. The
+// output goes from registers to global memory (4-byte stores: the Q area is the next
+// row's by then). Rows without slots load no Q (both sides skip them). No SA90_TRACE.
+#ifndef SA90_PERSISTENT
+#define SA90_PERSISTENT 0
+#endif
+
 // The half of buffer `buf` the producer refills first (it carries the block's slot keys),
 // and the half of its block consumer `buf` issues its S on first.
 __device__ __forceinline__ constexpr int first_half(int buf) { return SA90_EARLY_HALF_FIRST ? buf : 0; }
@@ -122,6 +137,7 @@ __device__ __forceinline__ constexpr int first_half(int buf) { return SA90_EARLY
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
 #endif
+static_assert(!(SA90_PERSISTENT && SA90_TRACE), "SA90_TRACE is per-row CTA only");
 
 namespace {
 // Trace slots: 0 smid, 1 producer entry, 2 Q copies issued, 3 slot keys ready, 4/5 consumer
@@ -200,6 +216,8 @@ struct ConsumerCtx {
     u64* keys_bar;
     i64 row;
     int h0, n_iters, wtid;
+    int g;   // SA90_PERSISTENT: this CTA's iterations before this row (the barriers' phases)
+    int kq;  // SA90_PERSISTENT: rows with slots before this one (the Q barrier's phase)
 };
 
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
@@ -231,6 +249,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     u64* const free_bar = x.free_bar;
     const i64 row = x.row;
     const int h0 = x.h0, n_iters = x.n_iters, wtid = x.wtid;
+    const int g0 = SA90_PERSISTENT ? x.g : 0;  // the phase of iteration it's barriers: (g0 + it) & 1
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
@@ -246,7 +265,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-    mbar_wait(q_bar, 0);
+    if (!SA90_PERSISTENT || n_iters > 0) mbar_wait(q_bar, SA90_PERSISTENT ? (x.kq & 1) : 0);
     SA90_T(4 + cw);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
@@ -263,7 +282,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     float sc[32];
     auto issue_s_half = [&](int it, int half) {
         if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half);
-        mbar_wait(ready_bar + cw * 2 + half, it & 1);
+        mbar_wait(ready_bar + cw * 2 + half, (g0 + it) & 1);
         if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half + 1);
         sa90::consumer_after_ready();
         wgmma_fence();
@@ -278,7 +297,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     // This block's scores scaled to log2 units and masked (one key a lane, two ballots);
     // returns the rows' maxima of the block in pm0 / pm1.
     auto mask_and_max = [&](int it, float& pm0, float& pm1) {
-        mbar_wait(x.keys_bar + cw, it & 1);
+        mbar_wait(x.keys_bar + cw, (g0 + it) & 1);
         const u32 valid_lo = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + lane] >= 0);
         const u32 valid_hi = __ballot_sync(DSV4_FULL_MASK, keys_s[cw * kBN + 32 + lane] >= 0);
         pm0 = neg_inf();
@@ -339,7 +358,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_commit();
     };
     auto issue_pv_other = [&](int it) {
-        mbar_wait(ready_bar + (1 - cw) * 2 + cw, it & 1);  // landed already (the other consumer waited); orders it for this thread
+        mbar_wait(ready_bar + (1 - cw) * 2 + cw, (g0 + it) & 1);  // landed already (the other consumer waited); orders it for this thread
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
@@ -609,6 +628,20 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
+#if SA90_PERSISTENT
+    named_sync(kBarStage, 256);  // both consumers have read the sums (the next row rewrites them); no staging here
+    // out = O / l from registers: a quad writes 16 contiguous bytes of a head row.
+    {
+        bf16* const out0 = p.out + (row * p.H + h0 + r0) * kD + cw * 256 + 2 * c4;
+        bf16* const out1 = p.out + (row * p.H + h0 + r1) * kD + cw * 256 + 2 * c4;
+        const bool ok0 = h0 + r0 < p.H, ok1 = h0 + r1 < p.H;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj) {
+            if (ok0) *reinterpret_cast<u32*>(out0 + 8 * jj) = pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
+            if (ok1) *reinterpret_cast<u32*>(out1 + 8 * jj) = pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
+        }
+    }
+#else
 
     // out = O / l staged as bf16 in the Q area (SW128), then 16-byte coalesced stores.
 #pragma unroll
@@ -628,6 +661,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
         }
     }
+#endif
     SA90_T(8 + cw);
     if (SA90_TRACE != 0 && wtid == 0 && cw == 0) trace_ns_at(p, row, 13);
     if (cw == 0 && c4 == 0 && SA90_TRACE == 0) {
@@ -653,11 +687,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
+#if !SA90_PERSISTENT
     const i64 row = blockIdx.x;  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
+#endif
     const int h0 = blockIdx.y * kHB;
+#if !SA90_PERSISTENT
     const int n_slots = sa::row_slots(p.row_len, row, p.T);
     const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
+#endif
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
@@ -668,6 +706,111 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
         for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
     }
     __syncthreads();
+
+#if SA90_PERSISTENT
+    const i64 n_rows = static_cast<i64>(p.B) * p.S;
+    if (wg == 0) {
+        // ---------------- producer: rows blockIdx.x, + gridDim.x, ... ----------------
+        regs_dec<SA90_PRODUCER_REGS>();
+        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
+        const int j = wtid % 8, r_base = wtid / 8;
+        int g = 0, kq = 0;  // iterations and rows with slots so far
+        for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
+            const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
+            const int n_slots = sa::row_slots(p.row_len, row, p.T);
+            const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);
+            if (n_iters == 0) continue;  // no Q, no blocks: the consumers skip the row's waits too
+            const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
+            const i64 bias = b * p.idx_bias;
+            auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
+            };
+            auto store_chunk_keys = [&](const int (&k)[kChunk / 128]) {
+#pragma unroll
+                for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+                named_sync(8, 128);
+            };
+            int k_first[kChunk / 128];
+            load_chunk_keys(0, k_first);
+            // The Q area is free once both consumers' last S of the previous row is done:
+            // buffer 0 L's free barrier of that row's last iteration (consumer 0 arrives after
+            // P0 V0_L, which follows its S0; consumer 1 after its S1). Buffer 0 L's refill
+            // below waits for the same phase.
+            if (g > 0) mbar_wait(free_bar + 0, (g - 1) & 1);
+            sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+            sa90::producer_handoff(q_bar);
+            if (kq > 0) named_sync(8, 128);  // every producer thread is done with the last row's keys
+            store_chunk_keys(k_first);
+#if SA90_PREFETCH
+            if (row + gridDim.x < n_rows) {
+                const i64 next = row + gridDim.x;
+                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
+                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
+                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
+            }
+#endif
+            const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
+            const char* kv_col = reinterpret_cast<const char*>(p.kv + b * p.kv_sb) + j * 16;
+            for (int it = 0; it < n_iters; ++it) {
+                const int gi = g + it;  // this CTA's iteration: the barriers' phases
+                const int slot0 = it * 2 * kBN;
+                if (slot0 > 0 && slot0 % kChunk == 0) {
+                    named_sync(8, 128);
+                    int k[kChunk / 128];
+                    load_chunk_keys(slot0, k);
+                    store_chunk_keys(k);
+                }
+#pragma unroll 1
+                for (int step = 0; step < 4; ++step) {
+                    const int buf = SA90_EARLY_HALF_FIRST ? step % 2 : step / 2;
+                    const int half = SA90_EARLY_HALF_FIRST ? (step < 2 ? first_half(buf) : 1 - first_half(buf)) : step % 2;
+                    if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
+                    const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
+                    int key[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
+                    if (half == first_half(buf) && j == 0) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
+                        mbar_arrive(keys_bar + buf);
+                    }
+                    const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
+                    const char* col = kv_col + half * 512;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const char* src = col + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
+#pragma unroll
+                        for (int gg = 0; gg < 4; ++gg)
+                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0);
+                    }
+                    sa90::producer_handoff(ready_bar + buf * 2 + half);
+                }
+            }
+            g += n_iters;
+            ++kq;
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+    // ---------------- consumers: the same rows ----------------
+    regs_inc<SA90_CONSUMER_REGS>();
+    int g = 0, kq = 0;
+    for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const int n_slots = sa::row_slots(p.row_len, row, p.T);
+        const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);
+        const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq};
+        if (wg == 1) {
+            consume<0>(p, ctx);
+        } else {
+            consume<1>(p, ctx);
+        }
+        if (n_iters > 0) {
+            g += n_iters;
+            ++kq;
+        }
+    }
+#else
 
     if (wg == 0) {
         // ---------------- producer ----------------
@@ -774,10 +917,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     // ---------------- consumers ----------------
     regs_inc<SA90_CONSUMER_REGS>();
-    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid};
+    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, 0, 0};
     if (wg == 1) {
         consume<0>(p, ctx);
     } else {
         consume<1>(p, ctx);
     }
+#endif
 }
