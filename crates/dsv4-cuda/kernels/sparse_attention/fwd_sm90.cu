@@ -119,8 +119,10 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // a row is done (buffer 0 L's free barrier of the row's last iteration says so) and
 // gathers its first blocks while the consumers finish the row: the v15 trace has ~5,450
 // cycles before a CTA's first S and ~5,000 after its last product, of ~46,100 a CTA. The
-// output goes from registers to global memory (4-byte stores: the Q area is the next
-// row's by then). Rows without slots load no Q (both sides skip them). No SA90_TRACE.
+// output goes from registers to global memory (no staging: the Q area is the next
+// row's by then; a quad transposes its words to write 16-byte pieces). Rows without slots
+// load no Q (both sides skip them). No SA90_TRACE. v17 (H200): with 4-byte stores of the
+// output, plan S=16384 2.63 -> 3.03-3.05 ms.
 #ifndef SA90_PERSISTENT
 #define SA90_PERSISTENT 0
 #endif
@@ -630,15 +632,34 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
 #if SA90_PERSISTENT
     named_sync(kBarStage, 256);  // both consumers have read the sums (the next row rewrites them); no staging here
-    // out = O / l from registers: a quad writes 16 contiguous bytes of a head row.
+    // out = O / l from registers. Per 32-column group m a quad holds a 4 x 4 block of
+    // 4-byte words (lane k: words 4 t + k, t = jj % 4); two shuffle stages transpose it so
+    // that lane k holds words 4 k .. 4 k + 3, 16 contiguous bytes, and a quad writes 64
+    // bytes of a head row, two whole 32-byte sectors (4-byte stores wrote half sectors).
     {
-        bf16* const out0 = p.out + (row * p.H + h0 + r0) * kD + cw * 256 + 2 * c4;
-        bf16* const out1 = p.out + (row * p.H + h0 + r1) * kD + cw * 256 + 2 * c4;
         const bool ok0 = h0 + r0 < p.H, ok1 = h0 + r1 < p.H;
+        const bool b1 = (c4 & 2) != 0, b0 = (c4 & 1) != 0;
 #pragma unroll
-        for (int jj = 0; jj < 32; ++jj) {
-            if (ok0) *reinterpret_cast<u32*>(out0 + 8 * jj) = pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0);
-            if (ok1) *reinterpret_cast<u32*>(out1 + 8 * jj) = pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1);
+        for (int m = 0; m < 8; ++m) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const float inv = rr ? inv1 : inv0;
+                u32 a[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) a[t] = pack_bf16(o[4 * (4 * m + t) + 2 * rr] * inv, o[4 * (4 * m + t) + 2 * rr + 1] * inv);
+                // stage 1 (lanes k, k ^ 2): keep the words t with bit 1 of t = bit 1 of k
+                u32 x = b1 ? a[0] : a[2], y = b1 ? a[1] : a[3];
+                x = __shfl_xor_sync(DSV4_FULL_MASK, x, 2);
+                y = __shfl_xor_sync(DSV4_FULL_MASK, y, 2);
+                a[0] = b1 ? x : a[0], a[1] = b1 ? y : a[1], a[2] = b1 ? a[2] : x, a[3] = b1 ? a[3] : y;
+                // stage 2 (lanes k, k ^ 1): then lane k holds word t = k of lanes 0..3 in order
+                x = b0 ? a[0] : a[1], y = b0 ? a[2] : a[3];
+                x = __shfl_xor_sync(DSV4_FULL_MASK, x, 1);
+                y = __shfl_xor_sync(DSV4_FULL_MASK, y, 1);
+                a[0] = b0 ? x : a[0], a[1] = b0 ? a[1] : x, a[2] = b0 ? y : a[2], a[3] = b0 ? a[3] : y;
+                if (rr ? ok1 : ok0)
+                    *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4) = make_uint4(a[0], a[1], a[2], a[3]);
+            }
         }
     }
 #else
