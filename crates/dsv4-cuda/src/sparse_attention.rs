@@ -551,13 +551,16 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         smem_bytes: smem as i32,
         sm_scale: a.sm_scale,
     };
-    // fwd_sm90.cu's SA90_PERSISTENT (an experiment, set through DSV4_EXTRA_DEFINES): one
-    // wave of CTAs (one an SM), each taking rows x, x + grid x, ... of its head block.
-    let persistent = hopper && crate::runtime::extra_define("SA90_PERSISTENT") == Some("1");
-    // SA90_PERSISTENT_CTAS=N caps the wave (tests: several rows a CTA on small shapes).
-    let ctas = crate::runtime::extra_define("SA90_PERSISTENT_CTAS").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
-    let wave = ctas.unwrap_or(usize::MAX).min((gpu.props().sm_count as usize / grid_y).max(1));
-    let grid_x = if persistent { (dm.b * dm.s).min(wave) } else { dm.b * dm.s };
+    // fwd_sm90.cu runs one wave of CTAs (one an SM), each taking rows x, x + grid x, ... of
+    // its head block; SA90_FWD_CTAS=N in DSV4_EXTRA_DEFINES caps the wave (tests: several
+    // rows a CTA on small shapes). The portable kernel takes one row a CTA.
+    let grid_x = if hopper {
+        let cap = crate::runtime::extra_define("SA90_FWD_CTAS").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let wave = cap.unwrap_or(usize::MAX).min((gpu.props().sm_count as usize / grid_y).max(1));
+        (dm.b * dm.s).min(wave)
+    } else {
+        dm.b * dm.s
+    };
     let grid = [grid_x as u32, grid_y as u32, 1];
     // SAFETY: q and kv meet the loaders' row rules (`rows_input`: d-stride 1, 16-byte
     // aligned rows, or a packed copy kept alive here); the index source was validated as

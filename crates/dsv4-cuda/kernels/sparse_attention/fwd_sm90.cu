@@ -3,28 +3,43 @@
 // The running max is a chain between the two consumers, and each block's buffer goes back
 // to the producer as soon as both its P V products are done (docs/perf.md v12).
 //
-// One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows that
-// are never stored). Three warpgroups:
-//   WG 0, producer: loads Q once, then gathers the row's slots in blocks of 64 keys with
+// dsv4-archs: sm_90a
+// dsv4-test-defines: DSV4_SA90_DIAG=5
+// dsv4-test-defines: SA90_PREFETCH=0
+// dsv4-test-defines: DSV4_SA90_DIAG=8
+// dsv4-test-defines: SA90_TRACE=1
+// dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
+//
+// One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
+// CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
+// heads >= H are zero rows that are never stored). The ring, its barriers' phases and the
+// chain run on across a CTA's rows (v17: H200 S=16384 2.63 -> 2.49 ms, S=4096 0.614 ->
+// 0.573, with the chain order below; one CTA a row measured 2.63 / 0.614). Three warpgroups:
+//   WG 0, producer: per row loads Q, then gathers the row's slots in blocks of 64 keys with
 //        cp.async into two 64 KiB buffers (block 2i + c into buffer c; the rows of a block
 //        are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
 //        and R (256-511), each with a "ready" mbarrier (the producer's 128 threads) and a
 //        "free" one (both consumers' 256 threads). Per iteration the halves are refilled
-//        in the order they are freed: buffer 0 L, buffer 0 R, buffer 1 L, buffer 1 R.
+//        in the order they are freed: 0 L, 1 R (early), 0 R, 1 L (late). The next row's Q
+//        goes in once buffer 0 L's last free of a row completes (both consumers' last S
+//        done), so its copies and the next row's first blocks overlap the row's last
+//        products and epilogue.
 //   WG 1 and WG 2, consumers c = 0, 1: consumer c owns block 2i + c of iteration i and
 //        O's columns [256c, 256c + 256) (128 f32 a thread). S_c = Q K_c^T (64 x 64, m64n64k16
-//        over D as two wgmma groups, one per column half, L first).
-//   Per iteration (mx: consumer 0's running max, my: the pair's; barriers M0, P0, M1, P1):
-//     c0: mx = max(m, rowmax S0) published (M0); P0 = exp2(S0 - mx) -> shared (P0);
-//         O_L, l rescaled to mx; O_L += P0 V0_L issued (A from registers);
-//     c1: (M0) my = max(mx, rowmax S1) published (M1); O_R, l rescaled to mx; (P0)
-//         O_R += P0 V0_R issued (A from shared memory); P1 = exp2(S1 - my) -> shared (P1);
-//         once P0 V0_R is done (buffer 0 R freed): O_R, l rescaled to my; O_R += P1 V1_R;
-//     c0: (M1) once P0 V0_L is done (buffer 0 L freed): O_L, l rescaled to my; (P1)
-//         O_L += P1 V1_L (A from shared memory).
-//   So block 0's buffer is free mid-iteration and its refill overlaps block 1's products
-//   (before v12, P0 went to consumer 1 rescaled after M1 and block 0's buffer was freed
-//   last: its refill sat on every iteration's critical path, SA90_TRACE showed).
+//        over D as two wgmma groups, one per column half: consumer 0 L first, consumer 1 R
+//        first, the half of its buffer freed early).
+//   Per iteration (mx: consumer 0's running max, my: the pair's; barriers M0, M1, P1, P0):
+//     c0: mx = max(m, rowmax S0) published (M0); P0 = exp2(S0 - mx) kept in f32; O_L, l
+//         rescaled to mx; O_L += P0 V0_L issued (A from registers); once done, buffer 0 L
+//         is freed;
+//     c1: (M0) my = max(mx, rowmax S1) published (M1); O_R, l rescaled to my; P1 =
+//         exp2(S1 - my); O_R += P1 V1_R issued (A from registers); P1 -> shared (P1);
+//     c0: (M1) P0 rescaled to my -> shared (P0); O_L, l rescaled to my; (P1) O_L += P1
+//         V1_L (A from shared memory), then buffer 1 L is freed;
+//     c1: (P0) O_R += P0 V0_R (A from shared memory); buffers 1 R, then 0 R are freed.
+//   This is FlashMLA's order: each buffer has a half freed early, on which the owner's next
+//   S starts. (With one CTA a row it measured 2.63 -> 2.82 ms, v17 call 1: the kernels of
+//   v12-v16 freed buffer 0 first and had consumer 1 wait for buffer 1 L an iteration.)
 //   Both consumers end the iteration at my; each issues its next S after the frees that
 //   the other consumer's next S needs (the end of the loop says in which order).
 // The sink starts the running max (m = sink, l = 1 counted once by consumer 0), so an
@@ -33,19 +48,8 @@
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q [64 x 512] 64 KiB, K/V 2 x [64 x 512]
 // 128 KiB, P 2 x [64 x 64] 16 KiB, slot keys of the two blocks (for the masks) and of the
-// producer's current 1024-slot chunk, the published maxima, row sums, barriers. The Q area
-// stages the bf16 output tile at the end (16-byte stores).
-//
-// dsv4-archs: sm_90a
-// dsv4-test-defines: DSV4_SA90_DIAG=5
-// dsv4-test-defines: SA90_PREFETCH=0
-// dsv4-test-defines: DSV4_SA90_DIAG=8
-// dsv4-test-defines: SA90_TRACE=1
-// dsv4-test-defines: SA90_KEYS_FIRST=0
-// dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
-// dsv4-test-defines: SA90_EARLY_HALF_FIRST=1
-// dsv4-test-defines: SA90_PERSISTENT=1
-// dsv4-test-defines: SA90_PERSISTENT=1 SA90_EARLY_HALF_FIRST=1
+// producer's current 1024-slot chunk, the published maxima, row sums, barriers. The output
+// goes from registers to global memory (the Q area holds the next row's Q by then).
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -69,22 +73,16 @@ using dsv4::sa::slot_key;
 // & 4: the consumers skip the softmax arithmetic (no scale, mask, maxima, exp2, sums or
 // rescales: P = S as bf16, every barrier, store and hand-off kept): what that work costs
 // on the consumers' critical path; 5 = 1 + 4: the products and the hand-offs alone.
-// & 8: no iterations (Q load, epilogue and the CTA's launch alone).
+// & 8: no iterations (rows without slots: no Q either; the epilogue and the launch alone).
 #ifndef DSV4_SA90_DIAG
 #define DSV4_SA90_DIAG 0
 #endif
 
-// SA90_PREFETCH=1 (default): the producer first prefetches into L2 the Q tile and slot
-// keys of the row the next CTA on this SM most likely takes (gather_sm90.cuh), so that
-// CTA's pipeline fill reads L2 instead of DRAM: on the H200 3.565 -> 3.361 ms at S=16384,
-// 0.819 -> 0.780 at S=4096 (docs/perf.md v9). 0 leaves it out (to compare).
+// SA90_PREFETCH=1 (default): the producer prefetches into L2 the Q tile and slot keys of
+// its CTA's next row (gather_sm90.cuh), so that row's pipeline fill reads L2 instead of
+// DRAM (v9, one CTA a row: 3.565 -> 3.361 ms at S=16384). 0 leaves it out (to compare).
 #ifndef SA90_PREFETCH
 #define SA90_PREFETCH 1
-#endif
-// SA90_KEYS_FIRST=1 (default): the producer reads its first slot keys before it issues the Q
-// tile's copies (see there); 0: after them, as before v12 (to compare).
-#ifndef SA90_KEYS_FIRST
-#define SA90_KEYS_FIRST 1
 #endif
 // The register split of setmaxnreg (2 x 128 consumer threads + 128 producer threads within
 // the 64 K registers of an SM): 224 / 56 (default since v13: the producer's copy loop has
@@ -99,50 +97,18 @@ using dsv4::sa::slot_key;
 #endif
 static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
 
-// SA90_EARLY_HALF_FIRST=1 (experiment, v16, NOT run on a GPU): FlashMLA's order of the
-// chain. Each buffer gets one half that is freed early in the iteration and one freed
-// late, and each consumer starts its next S on the early one: consumer 1 computes S1 over
-// buffer 1 R first, issues its own P1 V1_R (A from registers) right after its softmax, so
-// that buffer 1 R is freed early, and adds P0 V0_R last; consumer 0 waits for P0 V0_L and
-// frees buffer 0 L before it waits for the pair's max, then stores P0 rescaled to the
-// pair's max (so consumer 1 needs one rescale of O_R an iteration, not two). The producer
-// refills 0 L, 1 R, 0 R, 1 L. Today (0): consumer 1's next S starts on buffer 1 L, which
-// consumer 0's P1 V1_L, the iteration's last product, frees: the v15 trace has consumer 1
-// waiting ~1,230 cycles an iteration for it.
-#ifndef SA90_EARLY_HALF_FIRST
-#define SA90_EARLY_HALF_FIRST 0
-#endif
-// SA90_PERSISTENT=1 (experiment, v16, NOT run on a GPU; the launcher reads it from
-// DSV4_EXTRA_DEFINES and launches min(rows, SMs) CTAs a head block): each CTA takes rows
-// blockIdx.x, + gridDim.x, ... and the ring, its barriers' phases and the chain run on
-// across rows, so the producer loads the next row's Q as soon as both consumers' last S of
-// a row is done (buffer 0 L's free barrier of the row's last iteration says so) and
-// gathers its first blocks while the consumers finish the row: the v15 trace has ~5,450
-// cycles before a CTA's first S and ~5,000 after its last product, of ~46,100 a CTA. The
-// output goes from registers to global memory (no staging: the Q area is the next
-// row's by then; a quad transposes its words to write 16-byte pieces). Rows without slots
-// load no Q (both sides skip them). No SA90_TRACE. v17 (H200): with 4-byte stores of the
-// output, plan S=16384 2.63 -> 3.03-3.05 ms.
-#ifndef SA90_PERSISTENT
-#define SA90_PERSISTENT 0
-#endif
-
-// The half of buffer `buf` the producer refills first (it carries the block's slot keys),
-// and the half of its block consumer `buf` issues its S on first.
-__device__ __forceinline__ constexpr int first_half(int buf) { return SA90_EARLY_HALF_FIRST ? buf : 0; }
-
-// SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup of every 8th row's CTA
+// SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup, for every 8th row,
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
-// survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no CTA writes
-// its lse): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
+// survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no row's lse
+// is written): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
 // plan forward and scripts/sa90_trace.py reads it. Slots: see trace_slot below.
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
 #endif
-static_assert(!(SA90_PERSISTENT && SA90_TRACE), "SA90_TRACE is per-row CTA only");
 
 namespace {
-// Trace slots: 0 smid, 1 producer entry, 2 Q copies issued, 3 slot keys ready, 4/5 consumer
+// Trace slots (a row's; its producer and consumers start it when the CTA's previous row is
+// still in flight): 0 smid, 1 producer's row start, 2 Q copies issued, 3 slot keys ready, 4/5 consumer
 // 0/1 Q ready, 6/7 loop done, 8/9 output stored, 10 n_iters, 11 producer done, 12 / 13
 // %globaltimer (ns) at 1 / 8 (the two clocks' ratio is the SM clock rate); producer
 // iteration it (< 14) step st: 16 + 8 it + 2 st (free wait done), + 1 (copies issued);
@@ -192,11 +158,11 @@ constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's 
 constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2]
 constexpr int kBytes = kBarOff + 11 * 8;
 
-// Named barriers (0 is __syncthreads): the chain's four hand-offs, one per consumer for the
-// output staging (6, 7), the producer's own (8), the final sums' hand-offs (9, 10: consumer
-// c arrives on 9 + c and waits on the other; every hand-off between the consumers is an
-// arrive / sync pair, as their code differs).
-constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarStage = 6, kBarSums = 9;
+// Named barriers (0 is __syncthreads): the chain's four hand-offs, the consumers' "both
+// read the row sums" (6), the producer's own (8), the final sums' hand-offs (9, 10:
+// consumer c arrives on 9 + c and waits on the other; every other hand-off between the
+// consumers is an arrive / sync pair, as their code differs).
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarSumsRead = 6, kBarSums = 9;
 }  // namespace
 
 static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh loads them");
@@ -218,8 +184,8 @@ struct ConsumerCtx {
     u64* keys_bar;
     i64 row;
     int h0, n_iters, wtid;
-    int g;   // SA90_PERSISTENT: this CTA's iterations before this row (the barriers' phases)
-    int kq;  // SA90_PERSISTENT: rows with slots before this one (the Q barrier's phase)
+    int g;   // this CTA's iterations before this row (the barriers' phases)
+    int kq;  // this CTA's rows with slots before this one (the Q barrier's phase)
 };
 
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
@@ -251,7 +217,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     u64* const free_bar = x.free_bar;
     const i64 row = x.row;
     const int h0 = x.h0, n_iters = x.n_iters, wtid = x.wtid;
-    const int g0 = SA90_PERSISTENT ? x.g : 0;  // the phase of iteration it's barriers: (g0 + it) & 1
+    const int g0 = x.g;  // the phase of iteration it's barriers: (g0 + it) & 1
     const int warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
@@ -267,7 +233,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-    if (!SA90_PERSISTENT || n_iters > 0) mbar_wait(q_bar, SA90_PERSISTENT ? (x.kq & 1) : 0);
+    if (n_iters > 0) mbar_wait(q_bar, x.kq & 1);
     SA90_T(4 + cw);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
@@ -292,7 +258,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half != first_half(cw) || k > 0);
+            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half != cw || k > 0);
         }
         wgmma_commit();
     };
@@ -386,11 +352,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     };
 
     if (n_iters > 0) {
-        issue_s_half(0, first_half(cw));
-        issue_s_half(0, 1 - first_half(cw));
+        issue_s_half(0, cw);
+        issue_s_half(0, 1 - cw);
     }
 
-#if SA90_EARLY_HALF_FIRST
     for (int it = 0; it < n_iters; ++it) {
         const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
         const bool more = it + 1 < n_iters;
@@ -507,110 +472,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         }
         SA90_T(tb + 11);
     }
-#else
-    for (int it = 0; it < n_iters; ++it) {
-        const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
-        const bool more = it + 1 < n_iters;
-        u32 pa[4][4];
-        float pm0, pm1, ps0, ps1;
-        if constexpr (cw == 0) {
-            s_done(it, tb, pm0, pm1);  // S0 (and the last iteration's P1 V1_L)
-            // mx = max(m, rowmax S0), published for consumer 1 (barrier M0).
-            const float mx0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mx1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
-            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
-            if (c4 == 0) {
-                max_s[r0] = mx0;
-                max_s[r1] = mx1;
-            }
-            named_arrive(kBarM0, 256);
-            SA90_T(tb + 6);
-            // P0 = exp2(S0 - mx): to shared memory for consumer 1's P0 V0_R (barrier P0).
-            softmax_p(mx0, mx1, pa, ps0, ps1);
-            store_p(pa);
-            named_arrive(kBarP0, 256);
-            l0 = l0 * al0 + ps0;
-            l1 = l1 * al1 + ps1;
-            rescale_o(o, al0, al1);
-            issue_pv_own(pa);  // O_L += P0 V0_L
-            SA90_T(tb + 7);
-            // The pair's max my = max(mx, rowmax S1) from consumer 1 (barrier M1).
-            named_sync(kBarM1, 256);
-            const float my0 = max_s[kHB + r0], my1 = max_s[kHB + r1];
-            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
-            m0 = my0;
-            m1 = my1;
-            l0 *= f0;
-            l1 *= f1;
-            wgmma_wait<0>();  // P0 V0_L
-            fence_regs(o);
-            mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
-            SA90_T(tb + 8);
-            rescale_o(o, f0, f1);
-            named_sync(kBarP1, 256);  // P1 (at my) in shared memory
-            SA90_T(tb + 9);
-            issue_pv_other(it);  // O_L += P1 V1_L
-            SA90_T(tb + 10);
-            // The next S0's first half (buffer 0 L, refilled since mid-iteration) goes in
-            // while P1 V1_L runs; buffer 1 L is freed once P1 V1_L is done.
-            if (more) {
-                issue_s_half(it + 1, 0);
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait<0>();
-            }
-            fence_regs(o);
-            mbar_arrive(free_bar + 1 * 2 + 0);  // buffer 1 L: P1 V1_L done
-            if (more) issue_s_half(it + 1, 1);
-        } else {
-            s_done(it, tb, pm0, pm1);  // S1 (and the last iteration's P1 V1_R)
-            // The pair's max my = max(mx, rowmax S1) (mx from consumer 0, barrier M0; >= m:
-            // both ended the last iteration at my), published for consumer 0 (barrier M1).
-            named_sync(kBarM0, 256);
-            const float mx0 = max_s[r0], mx1 = max_s[r1];
-            const float my0 = (DSV4_SA90_DIAG & 4) ? mx0 : fmaxf(mx0, pm0), my1 = (DSV4_SA90_DIAG & 4) ? mx1 : fmaxf(mx1, pm1);
-            if (c4 == 0) {
-                max_s[kHB + r0] = my0;
-                max_s[kHB + r1] = my1;
-            }
-            named_arrive(kBarM1, 256);
-            SA90_T(tb + 6);
-            // O_R += P0 V0_R at mx first, so that buffer 0 R goes back to the producer early
-            // (consumer 0's next S0 needs it).
-            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
-            l0 *= al0;
-            l1 *= al1;
-            rescale_o(o, al0, al1);
-            named_sync(kBarP0, 256);
-            SA90_T(tb + 9);
-            issue_pv_other(it);  // O_R += P0 V0_R
-            SA90_T(tb + 10);
-            // P1 = exp2(S1 - my): to shared memory for consumer 0's P1 V1_L (barrier P1).
-            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
-            softmax_p(my0, my1, pa, ps0, ps1);
-            store_p(pa);
-            named_arrive(kBarP1, 256);
-            m0 = my0;
-            m1 = my1;
-            l0 = l0 * f0 + ps0;
-            l1 = l1 * f1 + ps1;
-            wgmma_wait<0>();  // P0 V0_R
-            fence_regs(o);
-            mbar_arrive(free_bar + 0 * 2 + 1);  // buffer 0 R: P0 V0_R done
-            SA90_T(tb + 8);
-            rescale_o(o, f0, f1);
-            issue_pv_own(pa);  // O_R += P1 V1_R
-            SA90_T(tb + 7);
-            wgmma_wait<0>();
-            fence_regs(o);
-            mbar_arrive(free_bar + 1 * 2 + 1);  // buffer 1 R: S1 and P1 V1_R done
-            if (more) {
-                issue_s_half(it + 1, 0);
-                issue_s_half(it + 1, 1);
-            }
-        }
-        SA90_T(tb + 11);
-    }
-#endif
     // Nothing is in flight here (the last iteration waited for all its products); the
     // explicit wait tells ptxas so.
     wgmma_wait<0>();
@@ -630,8 +491,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
-#if SA90_PERSISTENT
-    named_sync(kBarStage, 256);  // both consumers have read the sums (the next row rewrites them); no staging here
+    named_sync(kBarSumsRead, 256);  // both consumers have read the sums (the next row rewrites them)
     // out = O / l from registers. Per 32-column group m a quad holds a 4 x 4 block of
     // 4-byte words (lane k: words 4 t + k, t = jj % 4); two shuffle stages transpose it so
     // that lane k holds words 4 k .. 4 k + 3, 16 contiguous bytes, and a quad writes 64
@@ -662,27 +522,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             }
         }
     }
-#else
-
-    // out = O / l staged as bf16 in the Q area (SW128), then 16-byte coalesced stores.
-#pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {
-        const u32 grp = q_base + (cw * 4 + jj / 8) * kGroupBytes;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj] * inv0, o[4 * jj + 1] * inv0)) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(o[4 * jj + 2] * inv1, o[4 * jj + 3] * inv1)) : "memory");
-    }
-    named_sync(kBarStage + cw, 128);
-#pragma unroll 4
-    for (int i = 0; i < 16; ++i) {
-        const int id = wtid + i * 128;
-        const int r = id / 32, cc = id % 32;
-        if (h0 + r < p.H) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(q_base + (cw * 4 + cc / 8) * kGroupBytes + sw128(r, cc % 8)) : "memory");
-            *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + r) * kD + cw * 256 + cc * 8) = v;
-        }
-    }
-#endif
     SA90_T(8 + cw);
     if (SA90_TRACE != 0 && wtid == 0 && cw == 0) trace_ns_at(p, row, 13);
     if (cw == 0 && c4 == 0 && SA90_TRACE == 0) {
@@ -708,15 +547,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
-#if !SA90_PERSISTENT
-    const i64 row = blockIdx.x;  // b * S + s
-    const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
-#endif
     const int h0 = blockIdx.y * kHB;
-#if !SA90_PERSISTENT
-    const int n_slots = sa::row_slots(p.row_len, row, p.T);
-    const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);  // a pair of blocks each
-#endif
 
     if (tid == 0) {
         mbar_init(q_bar, 128);
@@ -728,19 +559,31 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     }
     __syncthreads();
 
-#if SA90_PERSISTENT
+    // This CTA's rows: blockIdx.x, + gridDim.x, ... (row = b * S + s); a row of n_slots
+    // takes ceil(n_slots / 128) iterations, a pair of blocks each.
     const i64 n_rows = static_cast<i64>(p.B) * p.S;
+    auto iters_of = [](int n_slots) { return (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN); };
     if (wg == 0) {
-        // ---------------- producer: rows blockIdx.x, + gridDim.x, ... ----------------
+        // ---------------- producer ----------------
         regs_dec<SA90_PRODUCER_REGS>();
+        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
+        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
         const int j = wtid % 8, r_base = wtid / 8;
-        int g = 0, kq = 0;  // iterations and rows with slots so far
+        int g = 0, kq = 0;  // this CTA's iterations and rows with slots so far
         for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
             const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
             const int n_slots = sa::row_slots(p.row_len, row, p.T);
-            const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);
+            const int n_iters = iters_of(n_slots);
             if (n_iters == 0) continue;  // no Q, no blocks: the consumers skip the row's waits too
+            if (SA90_TRACE != 0 && wtid == 0) {
+                u32 smid;
+                asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
+                trace_put(p, row, 0, smid);
+                trace_put(p, row, 10, static_cast<u32>(n_iters));
+                trace_ns_at(p, row, 12);
+            }
+            SA90_T(1);
             const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
             const i64 bias = b * p.idx_bias;
             auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
@@ -752,6 +595,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
                 named_sync(8, 128);
             };
+            // The first chunk's index reads go out first; the Q copies' issue covers their
+            // latency (v12).
             int k_first[kChunk / 128];
             load_chunk_keys(0, k_first);
             // The Q area is free once both consumers' last S of the previous row is done:
@@ -761,8 +606,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             if (g > 0) mbar_wait(free_bar + 0, (g - 1) & 1);
             sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
             sa90::producer_handoff(q_bar);
+            SA90_T(2);
             if (kq > 0) named_sync(8, 128);  // every producer thread is done with the last row's keys
             store_chunk_keys(k_first);
+            SA90_T(3);
 #if SA90_PREFETCH
             if (row + gridDim.x < n_rows) {
                 const i64 next = row + gridDim.x;
@@ -772,30 +619,41 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             }
 #endif
             const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
-            const char* kv_col = reinterpret_cast<const char*>(p.kv + b * p.kv_sb) + j * 16;
+            const char* kv_col = reinterpret_cast<const char*>(p.kv + b * p.kv_sb) + j * 16;  // this thread's 16-byte chunk j of a 128-byte group
             for (int it = 0; it < n_iters; ++it) {
                 const int gi = g + it;  // this CTA's iteration: the barriers' phases
                 const int slot0 = it * 2 * kBN;
                 if (slot0 > 0 && slot0 % kChunk == 0) {
-                    named_sync(8, 128);
+                    named_sync(8, 128);  // every producer thread is done with the last chunk
                     int k[kChunk / 128];
                     load_chunk_keys(slot0, k);
                     store_chunk_keys(k);
                 }
+                // (buffer, half) in the order the consumers free them: 0 L, 1 R (early),
+                // 0 R, 1 L (late); the first half of each buffer carries its block's keys.
+                // (Refilling them in the order they are actually freed, lane 0 of each warp
+                // polling the four "free" barriers, measured 3.94 against 3.39 ms: v9.)
 #pragma unroll 1
                 for (int step = 0; step < 4; ++step) {
-                    const int buf = SA90_EARLY_HALF_FIRST ? step % 2 : step / 2;
-                    const int half = SA90_EARLY_HALF_FIRST ? (step < 2 ? first_half(buf) : 1 - first_half(buf)) : step % 2;
+                    const int buf = step % 2;
+                    const int half = step < 2 ? buf : 1 - buf;
                     if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
+                    if (it < 14) SA90_T(16 + 8 * it + 2 * step);
                     const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
+                    // This thread's four rows r_base + 16 i: their keys first (four independent
+                    // loads), then 64-bit row offsets without selects (an invalid key reads row 0
+                    // with source size 0: nothing), so that the four rows' address chains overlap
+                    // (the SA90_TRACE / ncu profile of v12: one dependent chain per row, ~50
+                    // instructions, made issuing a 32 KiB half take 700-1,500 cycles).
                     int key[4];
 #pragma unroll
                     for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
-                    if (half == first_half(buf) && j == 0) {
+                    if (half == buf && j == 0) {
 #pragma unroll
                         for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
                         mbar_arrive(keys_bar + buf);
                     }
+                    // Rows r_base + 16 i share r % 8, so their SW128 offsets are 16 i rows apart.
                     const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
                     const char* col = kv_col + half * 512;
 #pragma unroll
@@ -806,20 +664,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                             if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0);
                     }
                     sa90::producer_handoff(ready_bar + buf * 2 + half);
+                    if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
                 }
             }
+            SA90_T(11);
             g += n_iters;
             ++kq;
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
+
     // ---------------- consumers: the same rows ----------------
     regs_inc<SA90_CONSUMER_REGS>();
     int g = 0, kq = 0;
     for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
-        const int n_slots = sa::row_slots(p.row_len, row, p.T);
-        const int n_iters = (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN);
+        const int n_iters = iters_of(sa::row_slots(p.row_len, row, p.T));
         const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq};
         if (wg == 1) {
             consume<0>(p, ctx);
@@ -831,118 +691,4 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             ++kq;
         }
     }
-#else
-
-    if (wg == 0) {
-        // ---------------- producer ----------------
-        regs_dec<SA90_PRODUCER_REGS>();
-        if (SA90_TRACE != 0 && wtid == 0) {
-            u32 smid;
-            asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
-            trace_put(p, row, 0, smid);
-            trace_put(p, row, 10, static_cast<u32>(n_iters));
-            trace_ns_at(p, row, 12);
-        }
-        SA90_T(1);
-        // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
-        // t / 8 + 16 i (i < 4) in the 4 groups of a half.
-        int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
-        const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
-        const i64 bias = b * p.idx_bias;
-        auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) k[i] = slot_key(p.idx, idx_row, p.idx_st, p.idx_is_i64, bias, n_slots, p.K, slot0 + wtid + 128 * i, false);
-        };
-        auto store_chunk_keys = [&](const int (&k)[kChunk / 128]) {
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-            named_sync(8, 128);
-        };
-        // The first chunk's index reads go out before the Q tile's copies, whose issue
-        // (~2,700 cycles, SA90_TRACE) then covers their latency (SA90_KEYS_FIRST=0: after).
-        int k_first[kChunk / 128];
-        if (SA90_KEYS_FIRST && n_iters > 0) load_chunk_keys(0, k_first);
-        sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
-        sa90::producer_handoff(q_bar);
-        SA90_T(2);
-        if (n_iters > 0) {
-            if (!SA90_KEYS_FIRST) load_chunk_keys(0, k_first);
-            store_chunk_keys(k_first);
-            SA90_T(3);
-        }
-#if SA90_PREFETCH
-        {
-            const i64 next = sa90::next_row_on_sm(row);
-            if (next >= 0) {
-                const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
-                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
-                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
-            }
-        }
-#endif
-        const bf16* kv_b = p.kv + b * p.kv_sb;
-        const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
-        const int j = wtid % 8, r_base = wtid / 8;
-        const char* kv_col = reinterpret_cast<const char*>(kv_b) + j * 16;  // this thread's 16-byte chunk j of a 128-byte group
-        for (int it = 0; it < n_iters; ++it) {
-            const int slot0 = it * 2 * kBN;
-            if (slot0 > 0 && slot0 % kChunk == 0) {
-                named_sync(8, 128);  // every producer thread is done with the last chunk
-                int k[kChunk / 128];
-                load_chunk_keys(slot0, k);
-                store_chunk_keys(k);
-            }
-            // (buffer, half) in the order the consumers free them: 0 L, 0 R (after P0 V0_L
-            // and P0 V0_R, mid-iteration), 1 L, 1 R (at its end). (Refilling them in the
-            // order they are actually freed, lane 0 of each warp polling the four "free"
-            // barriers, measured 3.94 against 3.39 ms: docs/perf.md v9.)
-#pragma unroll 1
-            for (int step = 0; step < 4; ++step) {
-                // SA90_EARLY_HALF_FIRST: 0 L, 1 R, 0 R, 1 L.
-                const int buf = SA90_EARLY_HALF_FIRST ? step % 2 : step / 2;
-                const int half = SA90_EARLY_HALF_FIRST ? (step < 2 ? first_half(buf) : 1 - first_half(buf)) : step % 2;
-                if (it > 0) mbar_wait(free_bar + buf * 2 + half, (it - 1) & 1);
-                if (it < 14) SA90_T(16 + 8 * it + 2 * step);
-                const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
-                // This thread's four rows r_base + 16 i: their keys first (four independent
-                // loads), then 64-bit row offsets without selects (an invalid key reads row 0
-                // with source size 0: nothing), so that the four rows' address chains overlap
-                // (the SA90_TRACE / ncu profile of v12: one dependent chain per row, ~50
-                // instructions, made issuing a 32 KiB half take 700-1,500 cycles).
-                int key[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
-                if (half == first_half(buf) && j == 0) {  // the first half refilled carries the block's keys
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
-                    mbar_arrive(keys_bar + buf);
-                }
-                // Rows r_base + 16 i share r % 8, so their SW128 offsets are 16 i rows apart.
-                const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
-                const char* col = kv_col + half * 512;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const char* src = col + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
-#pragma unroll
-                    for (int gg = 0; gg < 4; ++gg)
-                        if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0);
-                }
-                sa90::producer_handoff(ready_bar + buf * 2 + half);
-                if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
-            }
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        SA90_T(11);
-        return;
-    }
-
-    // ---------------- consumers ----------------
-    regs_inc<SA90_CONSUMER_REGS>();
-    const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, 0, 0};
-    if (wg == 1) {
-        consume<0>(p, ctx);
-    } else {
-        consume<1>(p, ctx);
-    }
-#endif
 }

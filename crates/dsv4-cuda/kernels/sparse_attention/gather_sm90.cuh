@@ -54,14 +54,6 @@ constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
 constexpr int kTileGroupBytes = 64 * 128;     // one SW128 group of a 64-row head tile
 constexpr int kKeyWriters = 16;               // producer threads that store a block's keys
 
-// The row the next CTA on this SM most likely takes: with one CTA an SM and CTAs launched in
-// row order (blockIdx.x), `local` + the number of SMs; -1 past the launch's rows.
-__device__ __forceinline__ i64 next_row_on_sm(i64 local) {
-    u32 n_sm;
-    asm("mov.u32 %0, %%nsmid;\n" : "=r"(n_sm));
-    return local + n_sm < static_cast<i64>(gridDim.x) ? local + n_sm : -1;
-}
-
 // L2 prefetch of a [64 heads x 512] bf16 tile of one query row (heads h0 + r < H, head
 // stride `sh`, 8 lines a head) by the producer's 128 threads.
 __device__ __forceinline__ void prefetch_head_tile(const bf16* row, i64 sh, int h0, int H, int wtid) {
