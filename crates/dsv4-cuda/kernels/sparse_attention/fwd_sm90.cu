@@ -158,10 +158,10 @@ constexpr int kRowKeysOff = kSumOff + 2 * kHB * 4; // int [1024] the producer's 
 constexpr int kBarOff = kRowKeysOff + kChunk * 4;  // u64: q, ready[2][2], free[2][2], keys[2]
 constexpr int kBytes = kBarOff + 11 * 8;
 
-// Named barriers (0 is __syncthreads): the chain's four hand-offs, the consumers' "both
-// read the row sums" (6), the producer's own (8), the final sums' hand-offs (9, 10:
-// consumer c arrives on 9 + c and waits on the other; every other hand-off between the
-// consumers is an arrive / sync pair, as their code differs).
+// Named barriers (0 is __syncthreads): the chain's four hand-offs, the consumers' "row sums
+// read" (6, 7), the producer's own (8), the final sums' hand-offs (9, 10); for 6 / 7 and
+// 9 / 10 consumer c arrives on the first + c and waits on the other. Every hand-off between
+// the consumers is an arrive / sync pair, as their code differs.
 constexpr int kBarM0 = 1, kBarM1 = 2, kBarP0 = 3, kBarP1 = 4, kBarSumsRead = 6, kBarSums = 9;
 }  // namespace
 
@@ -491,7 +491,11 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
-    named_sync(kBarSumsRead, 256);  // both consumers have read the sums (the next row rewrites them)
+    // Both consumers have read the sums before either writes the next row's (an arrive / sync
+    // pair each way: a bar.sync of both from their different code is what synccheck calls
+    // divergent, v17).
+    named_arrive(kBarSumsRead + cw, 256);
+    named_sync(kBarSumsRead + 1 - cw, 256);
     // out = O / l from registers. Per 32-column group m a quad holds a 4 x 4 block of
     // 4-byte words (lane k: words 4 t + k, t = jj % 4); two shuffle stages transpose it so
     // that lane k holds words 4 k .. 4 k + 3, 16 contiguous bytes, and a quad writes 64
