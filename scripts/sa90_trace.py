@@ -4,9 +4,12 @@
     DSV4_EXTRA_DEFINES=SA90_TRACE=1 dsv4 bench sparse-attention --fwd-only --s 4096 --trace-out t
     python3 scripts/sa90_trace.py t.s4096.h64.d512.bin
 
-Prints, over the traced CTAs (every 8th row) that ran the full number of iterations, the
+Prints, over the traced rows (every 8th) that ran the full number of iterations, the
 median (p10, p90) SM-clock time of each event from the producer's entry, the per-iteration
 period of each consumer and the time spent in each wait. Slots: fwd_sm90.cu, trace_slot.
+Since v17 a CTA takes many rows and a row's producer starts while the consumers still
+finish the CTA's previous row: "entry" is the producer's row start, and a row's "CTA
+duration" includes that overlap.
 """
 import re
 import statistics
