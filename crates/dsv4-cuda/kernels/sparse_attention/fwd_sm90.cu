@@ -287,9 +287,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         pm0 = fmaxf(pm0, __shfl_xor_sync(DSV4_FULL_MASK, pm0, 2));
         pm1 = fmaxf(pm1, __shfl_xor_sync(DSV4_FULL_MASK, pm1, 2));
     };
-    // P = exp2(S - m) per row into bf16 A fragments `pa`; returns the rows' partial sums.
-    // (sc is only read: consumer 1 runs this while its P0 V0_R is in flight, and ptxas
-    // serializes every wgmma if registers of a wgmma accumulator are written there.)
+    // P = exp2(S - m) per row into bf16 A fragments `pa` (consumer 1's P1); returns the
+    // rows' partial sums. sc is only read (consumer 0 keeps its P0 in sc, in f32, instead).
     auto softmax_p = [&](float mr0, float mr1, u32 (&pa)[4][4], float& ps0, float& ps1) {
         ps0 = 0.0f;
         ps1 = 0.0f;
@@ -488,7 +487,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         sum_s[cw * kHB + r1] = l1;
     }
     named_arrive(kBarSums + cw, 256);
-    named_sync(kBarSums + 1 - cw, 256);  // also: every S product of both is done, so the Q area is free
+    named_sync(kBarSums + 1 - cw, 256);
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
     // Both consumers have read the sums before either writes the next row's (an arrive / sync
