@@ -6,7 +6,7 @@
 
 Prints, over the traced rows (every 8th) that ran the full number of iterations, the
 median (p10, p90) SM-clock time of each event from the producer's entry, the per-iteration
-period of each consumer and the time spent in each wait. Slots: fwd_sm90.cu, trace_slot.
+period of each consumer and the time spent in each wait. Slots: fwd_sm90.cu, "Trace slots".
 Since v17 a CTA takes many rows and a row's producer starts while the consumers still
 finish the CTA's previous row: "entry" is the producer's row start, and a row's "CTA
 duration" includes that overlap.
@@ -58,10 +58,11 @@ def main():
     print("\nevent (cycles from the producer's entry): median (p10, p90)")
     for s, n in names.items():
         print(f"  {n:22s} {q([rel(w, s) for w in sel])}")
-    # (consumer 1 since v12: "P hand-off done" / "other PV issued" are its P0 V0_R, which
-    # comes before its own P1 V1_R; "P0V0_L done" is its P0 V0_R done.)
+    # (Since v17 consumer 1 issues its S over half 1 (R) first and its own P1 V1_R before
+    # the P hand-off; "buffer 0 half freed" is consumer 0's P0 V0_L done (buffer 0 L) and
+    # consumer 1's P0 V0_R done (buffer 0 R).)
     ev = ["S h0 wait start", "S h0 ready", "S h1 wait start", "S h1 ready", "S done", "keys ready",
-          "max published", "own PV issued", "P0V0_L done", "P hand-off done", "other PV issued", "iter done"]
+          "max published", "own PV issued", "buffer 0 half freed", "P hand-off done", "other PV issued", "iter done"]
     for c in (0, 1):
         print(f"\nconsumer {c}:")
         for it in range(min(full, 16)):
@@ -76,7 +77,7 @@ def main():
         for hh in (0, 1):
             waits = [[(rel(w, 128 + 192 * c + 12 * it + 2 * hh + 1) - rel(w, 128 + 192 * c + 12 * it + 2 * hh)) for w in sel] for it in range(min(full, 16))]
             print(f"  S half {hh} ready wait by iteration: " + ", ".join(q(x).split()[0] for x in waits))
-    print("\nproducer: free wait done / copies issued by iteration, step (0: buffer 0 L, 1: 0 R, 2: 1 L, 3: 1 R, the refill order since v12)")
+    print("\nproducer: free wait done / copies issued by iteration, step (0: buffer 0 L, 1: 1 R, 2: 0 R, 3: 1 L, the refill order since v17)")
     for it in range(min(full, 14)):
         cells = []
         for st in range(4):

@@ -101,7 +101,7 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
 // survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no row's lse
 // is written): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
-// plan forward and scripts/sa90_trace.py reads it. Slots: see trace_slot below.
+// plan forward and scripts/sa90_trace.py reads it. Slots: "Trace slots" below.
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
 #endif
@@ -114,8 +114,8 @@ namespace {
 // iteration it (< 14) step st: 16 + 8 it + 2 st (free wait done), + 1 (copies issued);
 // consumer c iteration it (< 16): 128 + 192 c + 12 it + e with e = 0 / 1 (S half 0: before /
 // after its ready wait), 2 / 3 (half 1), 4 S done, 5 keys ready, 6 max published, 7 own
-// P V issued, 8 (consumer 0) P0 V0_L done, 9 the chain's P hand-off done, 10 other P V
-// issued, 11 iteration done.
+// P V issued, 8 buffer 0's half freed (consumer 0: P0 V0_L done, 1: P0 V0_R done), 9 the
+// chain's P hand-off done, 10 other P V issued, 11 iteration done.
 __device__ __forceinline__ void trace_put(const SparseAttnFwdParams& p, i64 row, int slot, u32 value) {
     if constexpr (SA90_TRACE != 0) {
         if (row % 8 == 0 && slot < 8 * p.H) p.lse[row * p.H + slot] = __uint_as_float(value);
