@@ -520,8 +520,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
                 x = __shfl_xor_sync(DSV4_FULL_MASK, x, 1);
                 y = __shfl_xor_sync(DSV4_FULL_MASK, y, 1);
                 a[0] = b0 ? x : a[0], a[1] = b0 ? a[1] : x, a[2] = b0 ? y : a[2], a[3] = b0 ? a[3] : y;
+                // .cs (streaming): the 1 GiB of output at S=16384 passes through L2 once (with
+                // the K/V gathers' evict_last below, v18: S=4096 0.575 -> 0.553 ms).
                 if (rr ? ok1 : ok0)
-                    *reinterpret_cast<uint4*>(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4) = make_uint4(a[0], a[1], a[2], a[3]);
+                    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]) : "memory");
             }
         }
     }
@@ -622,6 +624,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             }
 #endif
             const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
+            // The K/V gathers carry an L2 evict_last policy: kv is reread by every row, while
+            // q and out stream through L2 once (v18, with the output's .cs stores).
+            u64 kv_policy;
+            asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
             const char* kv_col = reinterpret_cast<const char*>(p.kv + b * p.kv_sb) + j * 16;  // this thread's 16-byte chunk j of a 128-byte group
             for (int it = 0; it < n_iters; ++it) {
                 const int gi = g + it;  // this CTA's iteration: the barriers' phases
@@ -664,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                         const char* src = col + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
 #pragma unroll
                         for (int gg = 0; gg < 4; ++gg)
-                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0);
+                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16_policy(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0, kv_policy);
                     }
                     sa90::producer_handoff(ready_bar + buf * 2 + half);
                     if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
