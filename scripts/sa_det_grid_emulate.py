@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-# Usage: python3 scripts/sa_det_grid_emulate.py [seed] [normal|big] [grid exponent, default 22]
+# Usage: python3 scripts/sa_det_grid_emulate.py [seed] [normal|big] [grid exponent, default 23]
 # (numpy; ~30 s; docs/perf.md v18 "A deterministic backward by exact sums on a grid").
 # Emulation: deterministic dKV by exact f32 sums on a per-key power-of-two grid.
-# Each contribution c (f32) is rounded to grid_k = 2^(ceil(log2 B_k) - 22), B_k an upper
+# Each contribution c (f32) is rounded to grid_k = 2^(ceil(log2 B_k) - 23), B_k an upper
 # bound on sum |c| over the key's contributions; then every partial sum is an exact f32,
 # so atomic adds in any order give the same bits. Question: is the rounding error within
 # SPEC's 5e-3 relative Frobenius for dkv, with bounds computable before the main pass?
 import numpy as np, sys, time
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 S, H, D, W, TOPK, P = 1024, 64, 512, 128, 512, 1024
-EXP = int(sys.argv[3]) if len(sys.argv) > 3 else 22
+EXP = int(sys.argv[3]) if len(sys.argv) > 3 else 23
 sc = D ** -0.5
 big = len(sys.argv) > 2 and sys.argv[2] == "big"   # peaked attention: one large logit per row
 K = S + P
