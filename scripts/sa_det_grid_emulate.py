@@ -8,7 +8,8 @@
 # SPEC's 5e-3 relative Frobenius for dkv, with bounds computable before the main pass?
 import numpy as np, sys, time
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-S, H, D, W, TOPK, P = 1024, 64, 512, 128, 512, 1024
+import os
+S, H, D, W, TOPK, P = (int(os.environ.get(k, v)) for k, v in (("EMU_S", 1024), ("EMU_H", 64), ("EMU_D", 512), ("EMU_W", 128), ("EMU_TOPK", 512), ("EMU_P", 1024)))
 EXP = int(sys.argv[3]) if len(sys.argv) > 3 else 23
 sc = D ** -0.5
 big = len(sys.argv) > 2 and sys.argv[2] == "big"   # peaked attention: one large logit per row
