@@ -37,8 +37,9 @@ __device__ __forceinline__ float exp2_p(float x) {
     return y;
 }
 
-// One 16-byte K/V gather copy; `valid == false` zero-fills. (L2 hints, evict_last on the
-// gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7.)
+// One 16-byte K/V gather copy; `valid == false` zero-fills. (L2 hints alone, evict_last on
+// the gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7 and v18;
+// the forward pairs evict_last with streaming output stores, kv_copy16_policy below.)
 __device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 // The same with an L2 cache policy (createpolicy): the forward's gathers as evict_last,
 // which pays together with its streaming output stores (docs/perf.md v18).
