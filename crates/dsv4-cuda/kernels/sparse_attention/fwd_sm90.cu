@@ -9,7 +9,6 @@
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
-// dsv4-test-defines: SA90_LATE_SWAP=1
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
 // CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
@@ -105,12 +104,6 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // plan forward and scripts/sa90_trace.py reads it. Slots: "Trace slots" below.
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
-#endif
-// SA90_LATE_SWAP=1 (experiment): the producer refills the late halves as 1 L, 0 R instead
-// of 0 R, 1 L (the v17 trace issued them back to back: 1 L was free by the time 0 R's
-// copies were out, and consumer 1 waits ~1,100 cycles for it an iteration).
-#ifndef SA90_LATE_SWAP
-#define SA90_LATE_SWAP 0
 #endif
 
 namespace {
@@ -646,13 +639,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     store_chunk_keys(k);
                 }
                 // (buffer, half) in the order the consumers free them: 0 L, 1 R (early),
-                // 0 R, 1 L (late; SA90_LATE_SWAP: 1 L, 0 R); the first half of each buffer
-                // carries its block's keys.
+                // 0 R, 1 L (late); the first half of each buffer carries its block's keys.
                 // (Refilling them in the order they are actually freed, lane 0 of each warp
                 // polling the four "free" barriers, measured 3.94 against 3.39 ms: v9.)
 #pragma unroll 1
                 for (int step = 0; step < 4; ++step) {
-                    const int buf = (SA90_LATE_SWAP && step >= 2) ? 1 - step % 2 : step % 2;
+                    const int buf = step % 2;
                     const int half = step < 2 ? buf : 1 - buf;
                     if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
                     if (it < 14) SA90_T(16 + 8 * it + 2 * step);
