@@ -11,49 +11,34 @@
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_EXP=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_EXP=2
-// dsv4-test-defines: SINKHORN_N=8 SINKHORN_FWD_EXP=2
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_L2_PREFETCH=1 SINKHORN_FWD_NORM_FFMA=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_FWD_L2_PREFETCH=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
-// The softmax's exponentials (experiment, default 0): 0 expf(x - max) (9 issue slots and
-// a MUFU.EX2 each in the SASS: the range reduction and fix-ups of expf); 1 ex2.approx of
-// x log2 e - max log2 e (one FFMA and the MUFU: the row's common rounding of max log2 e
-// cancels in the normalisation); 2 the same argument through a degree-5 polynomial of
-// 2^f on the FMA pipe, no MUFU (ncu of v15: each wave enters the softmax's EX2 together,
-// 37 % of the stall samples on the MIO queue). scripts/sinkhorn_fwd_emulate.py: the
-// approximation's error (+-2 ulp) leaves the per-row error at ~6e-7 (bound 1e-5).
-#ifndef SINKHORN_FWD_EXP
-#define SINKHORN_FWD_EXP 0
-#endif
-
-// e^(x - mx) for x <= mx; m2 = mx log2 e (rounded once per row).
-__device__ __forceinline__ float softmax_exp(float x, float mx, float m2) {
-#if SINKHORN_FWD_EXP == 1
+// The softmax's exponentials: e^(x - mx) = ex2.approx(x log2 e - mx log2 e), one FFMA and
+// the MUFU (m2 = mx log2 e is rounded once per row, a common factor of the row that the
+// normalisation cancels). expf took 9 issue slots and the MUFU (its range reduction and
+// fix-ups): H200 v19, 1M 0.0648 -> 0.0633 ms. A degree-5 polynomial on the FMA pipe instead
+// of the MUFU (12 issue slots) measured as expf. scripts/sinkhorn_fwd_emulate.py: with
+// the approximation's +-2 ulp the per-row error stays ~6e-7 (bound 1e-5).
+__device__ __forceinline__ float softmax_exp(float x, float m2) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, 1.44269504088896341f, -m2)));
     return y;
-#elif SINKHORN_FWD_EXP == 2
-    // t = n + f, n = rint(t) by the 1.5 * 2^23 shift (its low mantissa bits are n), f in
-    // [-0.5, 0.5]; 2^f by a relative-error fit (f32 Horner: 2.1e-7), then n added to the
-    // exponent field (t >= -125: a normal result; smaller ones are < 2^-125 of the row's 1).
-    const float t = fmaxf(fmaf(x, 1.44269504088896341f, -m2), -125.0f);
-    const float r = __fadd_rn(t, 12582912.0f);
-    const float f = __fsub_rn(t, __fsub_rn(r, 12582912.0f));
-    float p = 0.0013277779798954725f;
-    p = fmaf(p, f, 0.009675553068518639f);
-    p = fmaf(p, f, 0.05550709366798401f);
-    p = fmaf(p, f, 0.24022118747234344f);
-    p = fmaf(p, f, 0.6931469440460205f);
-    p = fmaf(p, f, 1.0000001192092896f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-#else
-    (void)m2;
-    return expf(x - mx);
-#endif
 }
+
+// Experiments (default 0). SINKHORN_FWD_L2_PREFETCH=1: each thread first prefetches into
+// L2 the matrix of the thread one resident wave later (2,048 threads an SM x %nsmid), so
+// that the next wave's loads, which each one-shot wave otherwise issues at once and waits
+// for (ncu v15), come from L2. SINKHORN_FWD_NORM_FFMA=1: the softmax's z + eps as one FFMA.
+#ifndef SINKHORN_FWD_L2_PREFETCH
+#define SINKHORN_FWD_L2_PREFETCH 0
+#endif
+#ifndef SINKHORN_FWD_NORM_FFMA
+#define SINKHORN_FWD_NORM_FFMA 0
+#endif
 
 // 1 / d for a normal positive d: the hardware approximation (within 1 ulp). The forward is
 // contractive: emulated with a random 1-ulp reciprocal error on 65k matrices, repeat 20,
@@ -111,12 +96,12 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-            K[i * N + j] = softmax_exp(K[i * N + j], mx, m2);
+            K[i * N + j] = softmax_exp(K[i * N + j], m2);
             s = __fadd_rn(s, K[i * N + j]);
         }
         const float inv = rcp(s);
 #pragma unroll
-        for (int j = 0; j < N; ++j) K[i * N + j] = __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
+        for (int j = 0; j < N; ++j) K[i * N + j] = SINKHORN_FWD_NORM_FFMA ? fmaf(K[i * N + j], inv, p.eps) : __fadd_rn(__fmul_rn(K[i * N + j], inv), p.eps);
     }
 
     float a[N], b[N], al[N], be[N];  // the factors and their inverses
@@ -136,6 +121,15 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
 extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornParams p) {
     const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.matrices) return;
+    if constexpr (SINKHORN_FWD_L2_PREFETCH != 0) {
+        u32 sms;
+        asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+        const i64 ahead = m + (i64)2048 * sms;
+        if (ahead < p.matrices) {
+            const float* q = SINKHORN_VEC ? p.x + ahead * NN : p.x + matrix_offset(p.x_layout, ahead);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+        }
+    }
     float K[NN];
     load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
     sinkhorn_matrix(K, p);
