@@ -78,11 +78,11 @@ def ref_backward(x, dout, repeat, eps):
 
 
 # ---- the f32 softmax + eps as the kernels compute it ------------------------------------
-def softmax_eps32(x, eps):
-    """(z, K): z = softmax(x) (f32, exp / sum * rcp), K = z + eps."""
+def softmax_eps32(x, eps, exp=exp32):
+    """(z, K): z = softmax(x) (f32, exp / sum * rcp), K = z + eps; `exp` maps x - max."""
     x = x.astype(f32)
     m = x.max(axis=-1, keepdims=True)
-    e = exp32(x - m)
+    e = exp(x - m)
     s = np.zeros_like(e[..., :1])
     for j in range(e.shape[-1]):
         s = s + e[..., j:j + 1]

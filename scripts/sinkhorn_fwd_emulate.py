@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from sinkhorn_bwd_emulate import f32, f64, fma, rcp32, row_err, softmax64, softmax_eps32, steps, normal3
+from sinkhorn_bwd_emulate import exp32, f32, f64, fma, rcp32, row_err, softmax64, softmax_eps32, steps, normal3
 
 
 def ref_forward(x, repeat, eps):
@@ -60,11 +60,12 @@ def pair_rcp(d, pairs):
     return out
 
 
-def fwd_v1(x, repeat, eps, pairs=1):
+def fwd_v1(x, repeat, eps, pairs=1, exp=None):
     """The kernel since v15 (pairs=0): alpha = 1/a kept beside a; alpha <- K b + eps alpha
     (den / a, no multiply by a), a <- 1/alpha, with `pairs` pairs of denominators sharing
-    one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs)."""
-    _, K = softmax_eps32(x, eps)
+    one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs); `exp` the
+    softmax's exponential (default expf's, +-1 ulp)."""
+    _, K = softmax_eps32(x, eps, exp=exp or exp32)
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
     e = f32(eps)
     for k in steps(repeat):
@@ -89,41 +90,16 @@ def fwd_v2(x, repeat, eps):
     return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
 
 
-def softmax_eps32_ex2(x, eps, poly=False):
-    """SINKHORN_FWD_EXP=1: e = ex2.approx(f32((x - m) * log2 e)), the MUFU result +-2 ulp
-    at random (PTX: ex2.approx max relative error ~2^-22); =2 (poly=True): the same
-    argument through a degree-6 polynomial of 2^f, f in [-0.5, 0.5] (its error ~1e-7, taken
-    here as +-2 ulp too)."""
-    x = x.astype(f32)
-    m = x.max(axis=-1, keepdims=True)
-    d = ((x - m).astype(f32) * f32(1.4426950408889634)).astype(f32)
-    e = np.exp2(d.astype(f64)).astype(f32)
+def ex2_32(d):
+    """The forward's softmax exponential (fwd.cu softmax_exp): ex2.approx of f32((x - max)
+    log2 e), the MUFU result moved by up to +-2 ulp at random (PTX: ex2.approx's relative
+    error ~2^-22)."""
+    e = np.exp2((d.astype(f32) * f32(1.4426950408889634)).astype(f32).astype(f64)).astype(f32)
     s2 = RNG2.integers(-2, 3, size=e.shape).astype(np.int32)
-    e = (e.view(np.int32) + s2).view(f32)
-    s = np.zeros_like(e[..., :1])
-    for j in range(e.shape[-1]):
-        s = s + e[..., j:j + 1]
-    inv = rcp32(s)
-    z = e * inv
-    return z, (z + f32(eps)).astype(f32)
+    return (e.view(np.int32) + s2).view(f32)
 
 
 RNG2 = np.random.default_rng(11)
-
-
-def fwd_ex2(x, repeat, eps):
-    """fwd_v1 (pairs=0) on the ex2.approx softmax."""
-    _, K = softmax_eps32_ex2(x, eps)
-    a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
-    e = f32(eps)
-    for k in steps(repeat):
-        if k == "rows":
-            al = fma(np.full_like(al, e), al, matvec(K, b, "rows"))
-            a = pair_rcp(al, 0)
-        else:
-            be = fma(np.full_like(be, e), be, matvec(K, a, "cols"))
-            b = pair_rcp(be, 0)
-    return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
 
 
 def main():
@@ -144,7 +120,7 @@ def main():
         n = x.shape[-1]
         ref = ref_forward(x, rep, eps)
         print(f"== {name}")
-        for cname, fn in [("den (before v15)", fwd_v0), ("alpha (since v15)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2 softmax", fwd_ex2)]:
+        for cname, fn in [("den (before v15)", fwd_v0), ("alpha, expf (v15-v18)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2 (since v19)", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32))]:
             print(f"   {cname:24s} per row {row_err(fn(x, rep, eps), ref, n):.2e}")
 
 
