@@ -78,8 +78,9 @@ def ref_backward(x, dout, repeat, eps):
 
 
 # ---- the f32 softmax + eps as the kernels compute it ------------------------------------
-def softmax_eps32(x, eps, exp=exp32):
-    """(z, K): z = softmax(x) (f32, exp / sum * rcp), K = z + eps; `exp` maps x - max."""
+def softmax_eps32(x, eps, exp=exp32, fused=False):
+    """(z, K): z = softmax(x) (f32, exp / sum * rcp), K = z + eps (fused: K = fma(e, rcp,
+    eps), one rounding, as the forward kernel since v19); `exp` maps x - max."""
     x = x.astype(f32)
     m = x.max(axis=-1, keepdims=True)
     e = exp(x - m)
@@ -88,6 +89,8 @@ def softmax_eps32(x, eps, exp=exp32):
         s = s + e[..., j:j + 1]
     inv = rcp32(s)
     z = e * inv
+    if fused:
+        return z, fma(e, inv, np.full_like(e, f32(eps)))
     return z, (z + f32(eps)).astype(f32)
 
 

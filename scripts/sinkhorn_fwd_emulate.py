@@ -60,12 +60,12 @@ def pair_rcp(d, pairs):
     return out
 
 
-def fwd_v1(x, repeat, eps, pairs=1, exp=None):
+def fwd_v1(x, repeat, eps, pairs=1, exp=None, fused=False):
     """The kernel since v15 (pairs=0): alpha = 1/a kept beside a; alpha <- K b + eps alpha
     (den / a, no multiply by a), a <- 1/alpha, with `pairs` pairs of denominators sharing
     one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs); `exp` the
-    softmax's exponential (default expf's, +-1 ulp)."""
-    _, K = softmax_eps32(x, eps, exp=exp or exp32)
+    softmax's exponential (default expf's, +-1 ulp); fused: K = fma(e, rcp, eps)."""
+    _, K = softmax_eps32(x, eps, exp=exp or exp32, fused=fused)
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
     e = f32(eps)
     for k in steps(repeat):
@@ -120,7 +120,7 @@ def main():
         n = x.shape[-1]
         ref = ref_forward(x, rep, eps)
         print(f"== {name}")
-        for cname, fn in [("den (before v15)", fwd_v0), ("alpha, expf (v15-v18)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2 (since v19)", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32))]:
+        for cname, fn in [("den (before v15)", fwd_v0), ("alpha, expf (v15-v18)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2, fused (v19)", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32, fused=True))]:
             print(f"   {cname:24s} per row {row_err(fn(x, rep, eps), ref, n):.2e}")
 
 

@@ -9,7 +9,6 @@
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
-// dsv4-test-defines: SA90_C0_AFTER_0R=1
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
 // CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
@@ -105,9 +104,6 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // plan forward and scripts/sa90_trace.py reads it. Slots: "Trace slots" below.
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
-#endif
-#ifndef SA90_C0_AFTER_0R
-#define SA90_C0_AFTER_0R 0
 #endif
 
 namespace {
@@ -419,10 +415,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             rescale_o(o, f0, f1);
             named_sync(kBarP1, 256);  // P1 (at my) in shared memory
             SA90_T(tb + 9);
-            // SA90_C0_AFTER_0R=1 (experiment): P1 V1_L waits until consumer 1's P0 V0_R is
-            // done and buffer 0 R freed, so that product does not share the tensor pipe
-            // with this one and 0 R's refill (consumer 0's next wait) starts sooner.
-            if (SA90_C0_AFTER_0R) mbar_wait(free_bar + 0 * 2 + 1, (g0 + it) & 1);
             issue_pv_other(it);  // O_L += P1 V1_L
             SA90_T(tb + 10);
             // The next S0's first half (buffer 0 L, refilled since mid-iteration) goes in
