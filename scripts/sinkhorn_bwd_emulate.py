@@ -27,11 +27,11 @@ def fma(a, b, c):
     return (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(f32)
 
 
-def noisy(v):
-    """v (f32) moved by -1, 0 or +1 ulp at random: an approximate MUFU result."""
+def noisy(v, ulps=1):
+    """v (f32) moved by up to `ulps` ulp either way at random: an approximate MUFU result."""
     if not ULP_NOISE:
         return v
-    s = RNG.integers(-1, 2, size=v.shape).astype(np.int32)
+    s = RNG.integers(-ulps, ulps + 1, size=v.shape).astype(np.int32)
     return (v.view(np.int32) + s).view(f32)
 
 

@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from sinkhorn_bwd_emulate import exp32, f32, f64, fma, rcp32, row_err, softmax64, softmax_eps32, steps, normal3
+from sinkhorn_bwd_emulate import exp32, f32, f64, fma, noisy, rcp32, row_err, softmax64, softmax_eps32, steps, normal3
 
 
 def ref_forward(x, repeat, eps):
@@ -60,12 +60,12 @@ def pair_rcp(d, pairs):
     return out
 
 
-def fwd_v1(x, repeat, eps, pairs=1, exp=None, fused=False):
+def fwd_v1(x, repeat, eps, pairs=1, exp=exp32, fused=False):
     """The kernel since v15 (pairs=0): alpha = 1/a kept beside a; alpha <- K b + eps alpha
     (den / a, no multiply by a), a <- 1/alpha, with `pairs` pairs of denominators sharing
     one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs); `exp` the
     softmax's exponential (default expf's, +-1 ulp); fused: K = fma(e, rcp, eps)."""
-    _, K = softmax_eps32(x, eps, exp=exp or exp32, fused=fused)
+    _, K = softmax_eps32(x, eps, exp=exp, fused=fused)
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
     e = f32(eps)
     for k in steps(repeat):
@@ -94,12 +94,7 @@ def ex2_32(d):
     """The forward's softmax exponential (fwd.cu softmax_exp): ex2.approx of f32((x - max)
     log2 e), the MUFU result moved by up to +-2 ulp at random (PTX: ex2.approx's relative
     error ~2^-22)."""
-    e = np.exp2((d.astype(f32) * f32(1.4426950408889634)).astype(f32).astype(f64)).astype(f32)
-    s2 = RNG2.integers(-2, 3, size=e.shape).astype(np.int32)
-    return (e.view(np.int32) + s2).view(f32)
-
-
-RNG2 = np.random.default_rng(11)
+    return noisy(np.exp2((d.astype(f32) * f32(1.4426950408889634)).astype(f32).astype(f64)).astype(f32), 2)
 
 
 def main():
