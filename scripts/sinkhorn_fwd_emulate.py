@@ -60,21 +60,37 @@ def pair_rcp(d, pairs):
     return out
 
 
-def fwd_v1(x, repeat, eps, pairs=1, exp=exp32, fused=False):
+def rcp_fma32(d):
+    """fwd.cu rcp_fma, replayed exactly: the bit-trick seed, x (1 + e + e^2), a Newton step."""
+    one = np.ones_like(d)
+    x = (np.int32(0x7EF311C3) - d.view(np.int32)).view(f32)
+    e = fma(-d, x, one)
+    x = fma(x, fma(e, e, e), x)
+    e = fma(-d, x, one)
+    return fma(x, e, x)
+
+
+def fwd_v1(x, repeat, eps, pairs=1, exp=exp32, fused=False, rcp=None):
     """The kernel since v15 (pairs=0): alpha = 1/a kept beside a; alpha <- K b + eps alpha
     (den / a, no multiply by a), a <- 1/alpha, with `pairs` pairs of denominators sharing
     one MUFU (SINKHORN_FWD_PAIR on branch exp/sinkhorn-fwd-pipe2: all pairs); `exp` the
-    softmax's exponential (default expf's, +-1 ulp); fused: K = fma(e, rcp, eps)."""
+    softmax's exponential (default expf's, +-1 ulp); fused: K = fma(e, rcp, eps); rcp: every
+    reciprocal of the steps by this function instead (rcp_fma32: SINKHORN_FWD_NEWTON's, its
+    worst case, all of them)."""
     _, K = softmax_eps32(x, eps, exp=exp, fused=fused)
+    if rcp is not None:
+        pair_rcp_ = lambda d, _: rcp(d)
+    else:
+        pair_rcp_ = pair_rcp
     a = np.ones(K.shape[:-1], f32); b = np.ones_like(a); al = np.ones_like(a); be = np.ones_like(a)
     e = f32(eps)
     for k in steps(repeat):
         if k == "rows":
             al = fma(np.full_like(al, e), al, matvec(K, b, "rows"))
-            a = pair_rcp(al, pairs)
+            a = pair_rcp_(al, pairs)
         else:
             be = fma(np.full_like(be, e), be, matvec(K, a, "cols"))
-            b = pair_rcp(be, pairs)
+            b = pair_rcp_(be, pairs)
     return ((K * a[:, :, None]).astype(f32) * b[:, None, :]).astype(f32)
 
 
@@ -115,7 +131,7 @@ def main():
         n = x.shape[-1]
         ref = ref_forward(x, rep, eps)
         print(f"== {name}")
-        for cname, fn in [("den (before v15)", fwd_v0), ("alpha, expf (v15-v18)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2, fused (v19)", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32, fused=True))]:
+        for cname, fn in [("den (before v15)", fwd_v0), ("alpha, expf (v15-v18)", lambda x, r, e: fwd_v1(x, r, e, pairs=0)), ("alpha, 1 pair", fwd_v1), ("den, 1 pair", fwd_v2), ("alpha, all pairs", lambda x, r, e: fwd_v1(x, r, e, pairs=8)), ("alpha, ex2, fused (v19)", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32, fused=True)), ("v19, every rcp by FMA", lambda x, r, e: fwd_v1(x, r, e, pairs=0, exp=ex2_32, fused=True, rcp=rcp_fma32))]:
             print(f"   {cname:24s} per row {row_err(fn(x, rep, eps), ref, n):.2e}")
 
 

@@ -11,7 +11,8 @@
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=3 SINKHORN_FWD_SOFTMAX_RCP_FMA=1
+// dsv4-test-defines: SINKHORN_N=1 SINKHORN_FWD_RCP_FMA_COL=4 SINKHORN_FWD_RCP_FMA_ROW=2
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_RCP_FMA_COL=3 SINKHORN_FWD_RCP_FMA_ROW=1 SINKHORN_FWD_SOFTMAX_RCP_FMA=1
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
@@ -38,19 +39,22 @@ __device__ __forceinline__ float rcp(float d) {
     return r;
 }
 
-// SINKHORN_FWD_NEWTON=R (0: off): in each pair of repeat rounds, R of the 16 reciprocals
-// (the last factors of the two column steps, R/2 rounded up in the first) are computed on
-// the FMA pipe instead of the MUFU, so the two pipes share the work: per warp the kernel
-// issues ~1,200 instructions and keeps the MUFU pipe busy 176 x 8 = 1,408 cycles (ncu v15:
-// both ~69 % loaded), a reciprocal moved costs 5 issue slots and frees 8 MUFU cycles.
-#ifndef SINKHORN_FWD_NEWTON
-#define SINKHORN_FWD_NEWTON 0
+// SINKHORN_FWD_RCP_FMA_COL=C, SINKHORN_FWD_RCP_FMA_ROW=R (0: off; clamped to n): the last
+// C reciprocals of every column step and the last R of every row step are computed on the
+// FMA pipe (rcp_fma) instead of the MUFU, so the two pipes share the work. Per warp the
+// kernel issued ~1,200 instructions and kept the MUFU pipe busy 176 x 8 = 1,408 cycles
+// (ncu v15: both ~69 % loaded); a reciprocal moved costs 5 issue slots and frees 8 MUFU
+// cycles.
+#ifndef SINKHORN_FWD_RCP_FMA_COL
+#define SINKHORN_FWD_RCP_FMA_COL 0
 #endif
+#ifndef SINKHORN_FWD_RCP_FMA_ROW
+#define SINKHORN_FWD_RCP_FMA_ROW 0
+#endif
+constexpr int kColFmaRcps = SINKHORN_FWD_RCP_FMA_COL < N ? SINKHORN_FWD_RCP_FMA_COL : N;
+constexpr int kRowFmaRcps = SINKHORN_FWD_RCP_FMA_ROW < N ? SINKHORN_FWD_RCP_FMA_ROW : N;
 #ifndef SINKHORN_FWD_SOFTMAX_RCP_FMA
 #define SINKHORN_FWD_SOFTMAX_RCP_FMA 0
-#endif
-#if SINKHORN_FWD_NEWTON < 0 || SINKHORN_FWD_NEWTON > 2 * SINKHORN_N
-#error "SINKHORN_FWD_NEWTON must be in [0, 2 n]"
 #endif
 
 // 1 / d for a positive normal d on the FMA pipe: a bit-trick seed (relative error <= 5.1 %),
@@ -85,11 +89,9 @@ __device__ __forceinline__ void row_step(const float (&K)[NN], float (&a)[N], fl
         al[i] = s;
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) a[i] = rcp(al[i]);
+    for (int i = 0; i < N; ++i) a[i] = i >= N - kRowFmaRcps ? rcp_fma(al[i]) : rcp(al[i]);
 }
 
-// FMA_RCPS: how many of the last factors take rcp_fma instead of the MUFU (SINKHORN_FWD_NEWTON).
-template <int FMA_RCPS = 0>
 __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[N], float (&b)[N], float (&be)[N], float eps) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -99,7 +101,7 @@ __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[
         be[j] = s;
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) b[i] = i >= N - FMA_RCPS ? rcp_fma(be[i]) : rcp(be[i]);
+    for (int i = 0; i < N; ++i) b[i] = i >= N - kColFmaRcps ? rcp_fma(be[i]) : rcp(be[i]);
 }
 
 // One matrix in registers, x in, y out: the softmax, the steps, the final scaling.
@@ -133,16 +135,7 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
 #pragma unroll
     for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f, al[i] = 1.f, be[i] = 1.f;
     col_step(K, a, b, be, p.eps);
-    int k = 1;
-#if SINKHORN_FWD_NEWTON
-    for (; k + 1 < p.repeat; k += 2) {
-        row_step(K, a, al, b, p.eps);
-        col_step<(SINKHORN_FWD_NEWTON + 1) / 2>(K, a, b, be, p.eps);
-        row_step(K, a, al, b, p.eps);
-        col_step<SINKHORN_FWD_NEWTON / 2>(K, a, b, be, p.eps);
-    }
-#endif
-    for (; k < p.repeat; ++k) {
+    for (int k = 1; k < p.repeat; ++k) {
         row_step(K, a, al, b, p.eps);
         col_step(K, a, b, be, p.eps);
     }
