@@ -109,13 +109,23 @@ fn blocks(matrices: usize, threads: usize) -> u32 {
     matrices.div_ceil(threads).max(1) as u32
 }
 
+/// Below this eps the forward takes every reciprocal from the MUFU (`SINKHORN_FWD_NEWTON=0`):
+/// the FMA-pipe reciprocal's bit-trick seed holds for denominators in [2^-125, 2^125], and
+/// the steps' denominators stay within about [n eps, 1 / eps] (a column of K can be all eps,
+/// so its factor reaches 1 / (n eps)), far inside that range for eps >= 1e-20.
+const FMA_RCP_MIN_EPS: f32 = 1e-20;
+
 pub fn forward(gpu: &Gpu, a: &SinkhornArgs, out: &mut TensorViewMut) -> Result<()> {
     let (m, n, _) = a.validate()?;
     check_out("out", out)?;
     if m == 0 {
         return Ok(());
     }
-    let k = gpu.kernel("sinkhorn/fwd.cu", "sinkhorn_fwd", &defines(n, &a.x, out, None))?;
+    let mut defs = defines(n, &a.x, out, None).to_vec();
+    if a.eps < FMA_RCP_MIN_EPS {
+        defs.push(("SINKHORN_FWD_NEWTON", "0".into()));
+    }
+    let k = gpu.kernel("sinkhorn/fwd.cu", "sinkhorn_fwd", &defs)?;
     let p = SinkhornParams { x: a.x.address(), dout: 0, out: out.address(), x_layout: layout(&a.x)?, dout_layout: SinkhornLayout::default(), matrices: m as i64, repeat: a.repeat as i32, eps: a.eps };
     // SAFETY: `x` is a validated `[..., n, n]` f32 view whose every element the layout
     // reaches lies in its allocation (float4 reads only when it is contiguous and 16-byte

@@ -172,6 +172,8 @@ fn small_sinkhorn_shapes() {
     js.extend(sinkhorn_case_stored(&mut rng, &[300, 4, 4], 20, 1e-6, Store::Plain, Store::Misaligned));
     js.extend(sinkhorn_case_stored(&mut rng, &[129, 2, 2], 1, 1e-6, Store::Misaligned, Store::Perm(&[0, 2, 1])));
     js.extend(sinkhorn_case_stored(&mut rng, &[65, 6, 6], 20, 1e-6, Store::Plain, Store::Perm(&[0, 2, 1])));
+    // An eps below the forward's FMA-reciprocal bound (the launcher takes the MUFU path).
+    js.extend(sinkhorn_case(&mut rng, &[300, 4, 4], 20, 1e-25, None, None));
     check(js);
 }
 

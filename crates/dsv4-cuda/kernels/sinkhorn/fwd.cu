@@ -11,8 +11,9 @@
 // dsv4-test-defines: SINKHORN_N=5
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=1 SINKHORN_FWD_RCP_FMA_COL=4 SINKHORN_FWD_RCP_FMA_ROW=2
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_RCP_FMA_COL=3 SINKHORN_FWD_RCP_FMA_ROW=1 SINKHORN_FWD_SOFTMAX_RCP_FMA=1
+// dsv4-test-defines: SINKHORN_N=1 SINKHORN_FWD_NEWTON=8
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_FWD_PAIR_LOOP=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=3
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
@@ -39,23 +40,24 @@ __device__ __forceinline__ float rcp(float d) {
     return r;
 }
 
-// SINKHORN_FWD_RCP_FMA_COL=C, SINKHORN_FWD_RCP_FMA_ROW=R (0: off; clamped to n): the last
-// C reciprocals of every column step and the last R of every row step are computed on the
-// FMA pipe (rcp_fma) instead of the MUFU, so the two pipes share the work. Per warp the
-// kernel issued ~1,200 instructions and kept the MUFU pipe busy 176 x 8 = 1,408 cycles
-// (ncu v15: both ~69 % loaded); a reciprocal moved costs 5 issue slots and frees 8 MUFU
-// cycles.
-#ifndef SINKHORN_FWD_RCP_FMA_COL
-#define SINKHORN_FWD_RCP_FMA_COL 0
+// SINKHORN_FWD_NEWTON=R: the rounds run in pairs (row, column, row, column), and in each
+// pair R of the reciprocals, the last factors of the two column steps ((R + 1) / 2 in the
+// first, R / 2 in the second, each at most n), are computed on the FMA pipe (rcp_fma)
+// instead of the MUFU. Per warp the kernel issued ~1,200 instructions and kept the MUFU
+// busy 176 x 8 = 1,408 cycles (ncu v15: both ~69 % loaded); a reciprocal moved costs 5
+// issue slots and frees 8 MUFU cycles. H200 (v20, 1M matrices): R = 0 (one round a loop
+// iteration, as before) 0.0628 ms, R = 1 / 2 / 3 / 4: 0.0589 / 0.0583 / 0.0582 / 0.0574.
+// The same counts taken one per column step in a loop of single rounds measured
+// 0.0654 (1) / 0.0616 (2): the pair loop's shape is part of the gain.
+// SINKHORN_FWD_PAIR_LOOP=1 with R = 0: the pair loop without FMA reciprocals.
+#ifndef SINKHORN_FWD_NEWTON
+#define SINKHORN_FWD_NEWTON 0
 #endif
-#ifndef SINKHORN_FWD_RCP_FMA_ROW
-#define SINKHORN_FWD_RCP_FMA_ROW 0
+#ifndef SINKHORN_FWD_PAIR_LOOP
+#define SINKHORN_FWD_PAIR_LOOP 0
 #endif
-constexpr int kColFmaRcps = SINKHORN_FWD_RCP_FMA_COL < N ? SINKHORN_FWD_RCP_FMA_COL : N;
-constexpr int kRowFmaRcps = SINKHORN_FWD_RCP_FMA_ROW < N ? SINKHORN_FWD_RCP_FMA_ROW : N;
-#ifndef SINKHORN_FWD_SOFTMAX_RCP_FMA
-#define SINKHORN_FWD_SOFTMAX_RCP_FMA 0
-#endif
+constexpr int kFmaRcps1 = (SINKHORN_FWD_NEWTON + 1) / 2 < N ? (SINKHORN_FWD_NEWTON + 1) / 2 : N;
+constexpr int kFmaRcps2 = SINKHORN_FWD_NEWTON / 2 < N ? SINKHORN_FWD_NEWTON / 2 : N;
 
 // 1 / d for a positive normal d on the FMA pipe: a bit-trick seed (relative error <= 5.1 %),
 // one third-order step (x (1 + e + e^2), e = 1 - d x: error <= e^3) and one Newton step:
@@ -89,9 +91,11 @@ __device__ __forceinline__ void row_step(const float (&K)[NN], float (&a)[N], fl
         al[i] = s;
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) a[i] = i >= N - kRowFmaRcps ? rcp_fma(al[i]) : rcp(al[i]);
+    for (int i = 0; i < N; ++i) a[i] = rcp(al[i]);
 }
 
+// FMA_RCPS: how many of the last factors take rcp_fma instead of the MUFU (SINKHORN_FWD_NEWTON).
+template <int FMA_RCPS = 0>
 __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[N], float (&b)[N], float (&be)[N], float eps) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -101,7 +105,7 @@ __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[
         be[j] = s;
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) b[i] = i >= N - kColFmaRcps ? rcp_fma(be[i]) : rcp(be[i]);
+    for (int i = 0; i < N; ++i) b[i] = i >= N - FMA_RCPS ? rcp_fma(be[i]) : rcp(be[i]);
 }
 
 // One matrix in registers, x in, y out: the softmax, the steps, the final scaling.
@@ -119,13 +123,7 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
             K[i * N + j] = softmax_exp(K[i * N + j], m2);
             s = __fadd_rn(s, K[i * N + j]);
         }
-        // SINKHORN_FWD_SOFTMAX_RCP_FMA=1: the row sums' reciprocals on the FMA pipe (the
-        // softmax is where each wave's MUFU work comes in a burst: ncu v15).
-#if SINKHORN_FWD_SOFTMAX_RCP_FMA
-        const float inv = rcp_fma(s);
-#else
         const float inv = rcp(s);
-#endif
         // z + eps as one FFMA (H200 v19: 1M 0.0632 -> 0.0626 ms against a multiply and an add).
 #pragma unroll
         for (int j = 0; j < N; ++j) K[i * N + j] = fmaf(K[i * N + j], inv, p.eps);
@@ -135,7 +133,16 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
 #pragma unroll
     for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f, al[i] = 1.f, be[i] = 1.f;
     col_step(K, a, b, be, p.eps);
-    for (int k = 1; k < p.repeat; ++k) {
+    int k = 1;
+#if SINKHORN_FWD_NEWTON || SINKHORN_FWD_PAIR_LOOP
+    for (; k + 1 < p.repeat; k += 2) {
+        row_step(K, a, al, b, p.eps);
+        col_step<kFmaRcps1>(K, a, b, be, p.eps);
+        row_step(K, a, al, b, p.eps);
+        col_step<kFmaRcps2>(K, a, b, be, p.eps);
+    }
+#endif
+    for (; k < p.repeat; ++k) {
         row_step(K, a, al, b, p.eps);
         col_step(K, a, b, be, p.eps);
     }
