@@ -2,9 +2,10 @@
 //   y = softmax(x, rows) + eps
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)
-// Each denominator is inverted once (MUFU reciprocal; denominators are positive normal
-// floats >= eps) and becomes a scale factor (below). 24 FP32 instructions per step at
-// n = 4 (4 FMUL + 16 FFMA sums, 4 MUFU).
+// Each denominator is inverted once (denominators are positive normal floats >= eps) and
+// becomes a scale factor (below): 24 FP32 instructions per step at n = 4 (4 FMUL + 16 FFMA
+// sums, 4 MUFU reciprocals), 4 of each pair of rounds' 16 reciprocals on the FMA pipe
+// instead (rcp_fma, SINKHORN_FWD_NEWTON).
 //
 // dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1
@@ -12,7 +13,8 @@
 // dsv4-test-defines: SINKHORN_N=3
 // dsv4-test-defines: SINKHORN_N=1
 // dsv4-test-defines: SINKHORN_N=1 SINKHORN_FWD_NEWTON=8
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_FWD_PAIR_LOOP=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_FWD_NEWTON=0 SINKHORN_FWD_PAIR_LOOP=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=0
 // dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=3
 #include "sinkhorn/sinkhorn.cuh"
 
@@ -40,24 +42,24 @@ __device__ __forceinline__ float rcp(float d) {
     return r;
 }
 
-// SINKHORN_FWD_NEWTON=R: the rounds run in pairs (row, column, row, column), and in each
-// pair R of the reciprocals, the last factors of the two column steps ((R + 1) / 2 in the
-// first, R / 2 in the second, each at most n), are computed on the FMA pipe (rcp_fma)
-// instead of the MUFU. Per warp the kernel issued ~1,200 instructions and kept the MUFU
-// busy 176 x 8 = 1,408 cycles (ncu v15: both ~69 % loaded); a reciprocal moved costs 5
-// issue slots and frees 8 MUFU cycles. H200 (v20, 1M matrices): R = 0 (one round a loop
-// iteration, as before) 0.0628 ms, R = 1 / 2 / 3 / 4: 0.0589 / 0.0583 / 0.0582 / 0.0574.
-// The same counts taken one per column step in a loop of single rounds measured
-// 0.0654 (1) / 0.0616 (2): the pair loop's shape is part of the gain.
-// SINKHORN_FWD_PAIR_LOOP=1 with R = 0: the pair loop without FMA reciprocals.
+// SINKHORN_FWD_NEWTON=R (default 4; 0: one round a loop iteration, every reciprocal from
+// the MUFU): the rounds run in pairs (row, column, row, column), and in each pair R of the
+// reciprocals, the last factors of the two column steps ((R + 1) / 2 in the first, R / 2 in
+// the second, each at most n), are computed on the FMA pipe (rcp_fma) instead of the MUFU.
+// Per warp the one-round loop issued ~1,200 instructions and kept the MUFU busy 176 x 8 =
+// 1,408 cycles (ncu v15: both ~69 % loaded); a reciprocal moved costs 5 issue slots and
+// frees 8 MUFU cycles. H200 (docs/perf.md v20, 1M matrices, same call): R = 0 0.0627 ms,
+// the pair loop alone (SINKHORN_FWD_PAIR_LOOP=1) 0.0600, R = 3 / 4 / 5 / 6 / 8: 0.0579 /
+// **0.0573** / 0.0587 / 0.0590 / 0.0603; 65,536 matrices 0.0091 -> 0.0089. The same counts
+// taken one per column step in a loop of single rounds lost (0.0654 / 0.0616 for 1 / 2):
+// the pair loop's shape is part of the gain. The launcher passes R = 0 for eps < 1e-20
+// (rcp_fma's range; src/sinkhorn.rs).
 #ifndef SINKHORN_FWD_NEWTON
-#define SINKHORN_FWD_NEWTON 0
+#define SINKHORN_FWD_NEWTON 4
 #endif
 #ifndef SINKHORN_FWD_PAIR_LOOP
 #define SINKHORN_FWD_PAIR_LOOP 0
 #endif
-constexpr int kFmaRcps1 = (SINKHORN_FWD_NEWTON + 1) / 2 < N ? (SINKHORN_FWD_NEWTON + 1) / 2 : N;
-constexpr int kFmaRcps2 = SINKHORN_FWD_NEWTON / 2 < N ? SINKHORN_FWD_NEWTON / 2 : N;
 
 // 1 / d for a positive normal d on the FMA pipe: a bit-trick seed (relative error <= 5.1 %),
 // one third-order step (x (1 + e + e^2), e = 1 - d x: error <= e^3) and one Newton step:
@@ -135,6 +137,8 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
     col_step(K, a, b, be, p.eps);
     int k = 1;
 #if SINKHORN_FWD_NEWTON || SINKHORN_FWD_PAIR_LOOP
+    constexpr int kFmaRcps1 = (SINKHORN_FWD_NEWTON + 1) / 2 < N ? (SINKHORN_FWD_NEWTON + 1) / 2 : N;
+    constexpr int kFmaRcps2 = SINKHORN_FWD_NEWTON / 2 < N ? SINKHORN_FWD_NEWTON / 2 : N;
     for (; k + 1 < p.repeat; k += 2) {
         row_step(K, a, al, b, p.eps);
         col_step<kFmaRcps1>(K, a, b, be, p.eps);
