@@ -9,7 +9,6 @@
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
-// dsv4-test-defines: SA90_EXP_EMU=2
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
 // CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
@@ -78,19 +77,6 @@ using dsv4::sa::slot_key;
 #ifndef DSV4_SA90_DIAG
 #define DSV4_SA90_DIAG 0
 #endif
-
-// SA90_EXP_EMU=k (0..4, default 0): of each thread's four P entries per column pair, the
-// first k are computed by sa90::exp2_fma on the FMA pipe instead of the MUFU (so k / 4 of
-// the block's 4,096 exponentials a consumer), shortening the MUFU part of the softmax on
-// the chain between S and P V (as FlashAttention-4 does on Blackwell).
-#ifndef SA90_EXP_EMU
-#define SA90_EXP_EMU 0
-#endif
-template <int J>
-__device__ __forceinline__ float exp2_entry(float x) {
-    if constexpr (J < SA90_EXP_EMU) return dsv4::sa90::exp2_fma(x);
-    else return dsv4::sa90::exp2_p(x);
-}
 
 // SA90_PREFETCH=1 (default): the producer prefetches into L2 the Q tile and slot keys of
 // its CTA's next row (gather_sm90.cuh), so that row's pipeline fill reads L2 instead of
@@ -310,10 +296,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         for (int jj = 0; jj < 8; ++jj) {
             float e[4] = {sc[4 * jj + 0], sc[4 * jj + 1], sc[4 * jj + 2], sc[4 * jj + 3]};
             if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
-                e[0] = exp2_entry<0>(e[0] - mr0);
-                e[1] = exp2_entry<2>(e[1] - mr0);
-                e[2] = exp2_entry<1>(e[2] - mr1);
-                e[3] = exp2_entry<3>(e[3] - mr1);
+                e[0] = sa90::exp2_p(e[0] - mr0);
+                e[1] = sa90::exp2_p(e[1] - mr0);
+                e[2] = sa90::exp2_p(e[2] - mr1);
+                e[3] = sa90::exp2_p(e[3] - mr1);
                 ps0 += e[0] + e[1];
                 ps1 += e[2] + e[3];
             }
@@ -391,10 +377,10 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
                 if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
-                    sc[4 * jj + 0] = exp2_entry<0>(sc[4 * jj + 0] - mx0);
-                    sc[4 * jj + 1] = exp2_entry<2>(sc[4 * jj + 1] - mx0);
-                    sc[4 * jj + 2] = exp2_entry<1>(sc[4 * jj + 2] - mx1);
-                    sc[4 * jj + 3] = exp2_entry<3>(sc[4 * jj + 3] - mx1);
+                    sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mx0);
+                    sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mx0);
+                    sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mx1);
+                    sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mx1);
                     ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
                     ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
                 }

@@ -37,22 +37,6 @@ __device__ __forceinline__ float exp2_p(float x) {
     return y;
 }
 
-// 2^x for x <= 0 (or -inf) on the FMA pipe instead of the MUFU: x = n + f, n the nearest
-// integer (the 1.5 * 2^23 rounding trick), f in [-0.5, 0.5], 2^f by a degree-4 polynomial
-// with p(0) = 1 (relative error <= 2.9e-6, fitted for this: far below the bf16 rounding of
-// P, and the row sums' effect on lse ~3e-6), 2^n added to the exponent bits. x <= -127
-// (masked slots: -inf) gives exactly 0. An FMNMX, 3 FADD, 4 FFMA, a shift and an add.
-__device__ __forceinline__ float exp2_fma(float x) {
-    x = fmaxf(x, -127.0f);
-    const float t = x + 12582912.0f;
-    const float f = x - (t - 12582912.0f);
-    float p = fmaf(0.009582853f, f, 0.055906426f);
-    p = fmaf(p, f, 0.240240991f);
-    p = fmaf(p, f, 0.693124175f);
-    p = fmaf(p, f, 1.0f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // One 16-byte K/V gather copy; `valid == false` zero-fills. (L2 hints alone, evict_last on
 // the gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7 and v18;
 // the forward pairs evict_last with streaming output stores, kv_copy16_policy below.)
