@@ -130,16 +130,7 @@ __device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&
     }
 }
 
-// SINKHORN_BWD_MIN_BLOCKS=B (default: none): blocks of 128 an SM the registers must allow
-// (B = 4: 128 registers, 512 matrices an SM, so 65,536 matrices fit one wave of 132 SMs
-// instead of 1.3 waves of 384; spills at n = 4, P = 4: 216 B).
-// (An explicit minimum of 1 changes ptxas's allocation: 172 registers against 162.)
-#if defined(SINKHORN_BWD_MIN_BLOCKS) && SINKHORN_BWD_MIN_BLOCKS > 1
-#define SINKHORN_BWD_BOUNDS __launch_bounds__(128, SINKHORN_BWD_MIN_BLOCKS)
-#else
-#define SINKHORN_BWD_BOUNDS __launch_bounds__(128)
-#endif
-extern "C" __global__ void SINKHORN_BWD_BOUNDS sinkhorn_bwd(const SinkhornParams p) {
+extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
     // tape [groups][2][N][T]: (al, be) before each group of P (row, column) pairs, group
     // g = pairs 1 + g*P ... (steps 2r-1, 2r for pair r); groups = ceil((repeat-1) / P).
     constexpr int P = SINKHORN_BWD_CKPT_PAIRS;
