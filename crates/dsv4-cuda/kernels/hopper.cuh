@@ -126,6 +126,10 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 __device__ __forceinline__ void cp_async16_to(u32 dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// The same with an L2 cache policy (a `createpolicy` result).
+__device__ __forceinline__ void cp_async16_to(u32 dst, const void* src, bool valid, u64 policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(policy) : "memory");
+}
 
 }  // namespace hopper
 }  // namespace dsv4

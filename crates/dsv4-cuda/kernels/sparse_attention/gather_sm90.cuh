@@ -43,9 +43,7 @@ __device__ __forceinline__ float exp2_p(float x) {
 __device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 // The same with an L2 cache policy (createpolicy): the forward's gathers as evict_last,
 // which pays together with its streaming output stores (docs/perf.md v18).
-__device__ __forceinline__ void kv_copy16_policy(u32 dst, const void* src, bool valid, u64 policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(policy) : "memory");
-}
+__device__ __forceinline__ void kv_copy16_policy(u32 dst, const void* src, bool valid, u64 policy) { hopper::cp_async16_to(dst, src, valid, policy); }
 
 // Bring the 128-byte line holding `p` (global memory) into L2; no result, no ordering.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
