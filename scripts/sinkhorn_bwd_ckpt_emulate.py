@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The n <= 6 Sinkhorn backward (crates/dsv4-cuda/kernels/sinkhorn/bwd.cu: checkpoints
-every SINKHORN_BWD_CKPT_PAIRS pairs) and the per-step tape kernel it replaced, replayed in f64 operation by operation (fma correctly rounded
+before every group of SINKHORN_BWD_CKPT_PAIRS pairs, the first group the short one, the
+last group's factors kept from the forward; `keep_last=False` replays v20's kernel, every
+group recomputed, the last one short) and the per-step tape kernel it replaced, replayed in f64 operation by operation (fma correctly rounded
 once, via exact rationals; rcp = the kernel's MUFU.RCP64H seed, modelled as 1/d with the
 low 32 bits cleared, refined by its one Newton step). Checks that the checkpointed kernel
 feeds every reversed step bitwise the same factors as the tape kernel, and so returns
@@ -89,38 +91,49 @@ def kernel_tape(K, d, n, repeat, eps):
     return gt, log, len(tape) * n
 
 
-def kernel_ckpt(K, d, n, repeat, eps, P):
-    """The kernel: (al, be) before every P pairs; recompute in the reverse."""
+def kernel_ckpt(K, d, n, repeat, eps, P, keep_last):
+    """The kernel: (al, be) before every group of pairs, recomputed in the reverse;
+    keep_last (SINKHORN_BWD_KEEP_LAST): group 0 the short one, the last group's factors
+    kept from the forward."""
     a, b, al, be = [1.0] * n, [1.0] * n, [1.0] * n, [1.0] * n
     tape = []
+    G = (repeat - 1 + P - 1) // P
+    first0 = 1 + (repeat - 1) - (G - 1) * P if keep_last else 1 + P
     fwd_step(False, K, n, b, be, a, eps)
-    r, g = 1, 0
-    while r < repeat:
-        assert len(tape) == g
+    r = 1
+    for g in range(G):
         tape.append((list(al), list(be)))
-        for q in range(P):
-            if r < repeat:
-                fwd_step(True, K, n, a, al, b, eps)
-                fwd_step(False, K, n, b, be, a, eps)
+        end = first0 if g == 0 else first0 + g * P
+        if keep_last and g == G - 1:
+            break
+        while r < min(end, repeat):
+            fwd_step(True, K, n, a, al, b, eps)
+            fwd_step(False, K, n, b, be, a, eps)
             r += 1
-        g += 1
-    assert len(tape) == (repeat - 1 + P - 1) // P
+    A = [[0.0] * n for _ in range(P)]
+    B = [[0.0] * n for _ in range(P)]
+    if keep_last and G > 0:
+        pairs = repeat - 1 if G == 1 else P
+        assert r + pairs == repeat
+        for q in range(pairs):
+            fwd_step(True, K, n, A[q], al, B[q - 1] if q else b, eps)
+            fwd_step(False, K, n, B[q], be, A[q], eps)
+            a, b = list(A[q]), list(B[q])
     gt = init_gt(d, n, a, b)
     log = []
-    for g in range((repeat - 1 + P - 1) // P - 1, -1, -1):
-        pairs = min(P, repeat - 1 - g * P)
+    for g in range(G - 1, -1, -1):
+        start = 1 if g == 0 else first0 + (g - 1) * P
+        pairs = min(first0 if g == 0 else first0 + g * P, repeat) - start
+        assert 1 <= pairs <= P
         al, be = list(tape[g][0]), list(tape[g][1])
         b = [rcp(v) for v in be]
-        A = [[0.0] * n for _ in range(P)]
-        B = [[0.0] * n for _ in range(P)]
-        for q in range(P):
-            if q < pairs:
+        if not (keep_last and g == G - 1):
+            for q in range(pairs):
                 fwd_step(True, K, n, A[q], al, B[q - 1] if q else b, eps)
                 fwd_step(False, K, n, B[q], be, A[q], eps)
-        for q in range(P - 1, -1, -1):
-            if q < pairs:
-                bwd_step(False, K, n, gt, A[q], B[q], log)
-                bwd_step(True, K, n, gt, A[q], B[q - 1] if q else b, log)
+        for q in range(pairs - 1, -1, -1):
+            bwd_step(False, K, n, gt, A[q], B[q], log)
+            bwd_step(True, K, n, gt, A[q], B[q - 1] if q else b, log)
     a = [1.0] * n
     bwd_step(False, K, n, gt, a, b, log)
     return gt, log, len(tape) * 2 * n
@@ -153,8 +166,9 @@ def main():
                     d = [float(v) for v in rng.uniform(-1, 1, n * n).astype(np.float32)]
                     K = softmax_eps(x, n, eps)
                     g0, l0, w0 = kernel_tape(K, d, n, repeat, eps)
-                    g1, l1, w1 = kernel_ckpt(K, d, n, repeat, eps, args.pairs)
-                    same &= l0 == l1 and g0 == g1 and dx_of(K, g0, n, eps) == dx_of(K, g1, n, eps)
+                    for keep_last in (False, True):
+                        g1, l1, w1 = kernel_ckpt(K, d, n, repeat, eps, args.pairs, keep_last)
+                        same &= l0 == l1 and g0 == g1 and dx_of(K, g0, n, eps) == dx_of(K, g1, n, eps)
                     assert len(l0) == 2 * repeat - 1
                 print(f"n={n} repeat={repeat:2d} eps={eps:g}: tape {8 * w0:5d} B -> ckpt {8 * w1:5d} B a thread; "
                       f"factors of all {2 * repeat - 1} reversed steps, gt, dx bitwise equal: {same}")

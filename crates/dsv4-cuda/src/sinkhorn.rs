@@ -160,15 +160,25 @@ fn backward_bytes_per_thread(n: usize, repeat: usize) -> usize {
     }
 }
 
-/// Threads per backward block, and its shared-memory bytes: the largest block (128 down
-/// to 32 threads) of which four fit an SM's shared memory; else 32 threads if that fits the
-/// per-block limit; None when even 32 threads exceed it.
+/// Threads per backward block, and its shared-memory bytes: the largest block (n <= 6: 64
+/// or 32 threads; n >= 7: 128 down to 32) of which four fit an SM's shared memory; else 32
+/// threads if that fits the per-block limit; None when even 32 threads exceed it.
 pub fn backward_block(gpu: &Gpu, n: usize, repeat: usize) -> Option<(usize, usize)> {
     let per_thread = backward_bytes_per_thread(n, repeat);
     let props = gpu.props();
     // Each resident block also costs 1 KiB of shared memory reserved by the driver.
     let budget = (props.max_shared_per_sm as usize / 4).saturating_sub(1024).min(props.max_shared_per_block_optin as usize);
-    for threads in [128usize, 64, 32] {
+    // `DSV4_EXTRA_DEFINES=SINKHORN_BWD_THREADS=T` (bench sweeps): T threads a block when
+    // its tape fits the per-block limit (the kernel ignores the define).
+    let knob = crate::runtime::extra_define("SINKHORN_BWD_THREADS").and_then(|v| v.parse::<usize>().ok()).filter(|t| [32, 64, 96, 128].contains(t));
+    if let Some(t) = knob.filter(|t| t * per_thread <= props.max_shared_per_block_optin as usize) {
+        return Some((t, t * per_thread));
+    }
+    // n <= 6 (one checkpointed tape a thread, register-bound: 3 blocks of 128 an SM at
+    // n = 4): 64-thread blocks first (v21, H200 n = 4: 65,536 / 1M matrices 0.0296 / 0.3406
+    // -> 0.0294 / 0.3398 ms; 32 threads measured the same at 1M, 0.0292-0.0297 at 65,536).
+    let order: &[usize] = if n <= 6 { &[64, 32] } else { &[128, 64, 32] };
+    for &threads in order {
         if threads * per_thread <= budget {
             return Some((threads, threads * per_thread));
         }

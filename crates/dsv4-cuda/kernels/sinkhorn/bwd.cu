@@ -25,8 +25,9 @@
 //   from its checkpoint into registers with the forward's own operations (bitwise the
 //   same factors) and reverses the group from them: one more forward step per reversed
 //   step, for a tape about P times smaller than a factor per step (n = 4, repeat 20,
-//   P = 3: 448 bytes a thread instead of 1248), so 128-thread blocks and about 3x the
-//   warps an SM. The launcher picks P (4 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
+//   P = 3: 448 bytes a thread instead of 1248), so about 3x the warps an SM. The first
+//   group is the short one and the last group's factors stay in registers from the
+//   forward pass (not recomputed). The launcher picks P (4 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
 //   On the H200 (n = 4, repeat 20) the per-step tape took 0.0335 / 0.3926 ms at 65,536 /
 //   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf.md v8); P = 4
 //   0.0300 / 0.3477 against P = 3's 0.0304 / 0.3570 in one later run, P = 5 0.0301 / 0.3945 (v9).
@@ -53,6 +54,7 @@
 // dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT_PAIRS=4
 // dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT_PAIRS=4
 // dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT_PAIRS=1
+// dsv4-test-defines: SINKHORN_N=4 SINKHORN_BWD_CKPT_PAIRS=3
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
@@ -131,8 +133,12 @@ __device__ __forceinline__ void scaled_fwd_step(const double (&K)[NN], double (&
 }
 
 extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornParams p) {
-    // tape [groups][2][N][T]: (al, be) before each group of P (row, column) pairs, group
-    // g = pairs 1 + g*P ... (steps 2r-1, 2r for pair r); groups = ceil((repeat-1) / P).
+    // tape [groups][2][N][T]: (al, be) before each group of (row, column) pairs (steps
+    // 2r-1, 2r for pair r = 1 .. repeat-1), G = ceil((repeat-1) / P) groups: group 0 takes
+    // the remainder (first0 = 1 + (repeat-1) - (G-1)P is group 1's first pair), the others
+    // P pairs each. The last group's factors stay in registers from the forward, so the
+    // reverse recomputes only the G - 1 groups before it (v21: H200 65,536 / 1M matrices
+    // 0.0302 / 0.3515 -> 0.0296 / 0.3406 ms against every group recomputed).
     constexpr int P = SINKHORN_BWD_CKPT_PAIRS;
     extern __shared__ double smem[];
     const int T = blockDim.x, t = threadIdx.x;
@@ -141,23 +147,37 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     double* tape = smem + t;
     const i64 ckpt = (i64)2 * N * T;  // one checkpoint's slice of the tape
     const double eps = (double)p.eps;
+    const int G = (p.repeat - 1 + P - 1) / P;
+    const int first0 = 1 + (p.repeat - 1) - (G - 1) * P;  // group g >= 1 starts at first0 + (g-1) P
     double K[NN];
     softmax_eps_f64(p, m, eps, [&](int e) -> double& { return K[e]; });
     // Forward: step 0 (columns), then (rows, columns) repeat - 1 times, storing (al, be)
-    // before every P pairs.
+    // before every group.
     double a[N], b[N], al[N], be[N];
+    double A[P][N], B[P][N];  // a and b set by pair q of a group (row, column steps)
 #pragma unroll
     for (int e = 0; e < N; ++e) a[e] = 1.0, b[e] = 1.0, al[e] = 1.0, be[e] = 1.0;
     scaled_fwd_step<false>(K, b, be, a, eps);
-    for (int r = 1, g = 0; r < p.repeat; ++g) {
+    for (int g = 0, r = 1; g < G; ++g) {
         double* c = tape + g * ckpt;
 #pragma unroll
         for (int e = 0; e < N; ++e) c[e * T] = al[e], c[(N + e) * T] = be[e];
+        if (g == G - 1) break;  // the last group: below, into A and B
+        for (const int end = g == 0 ? first0 : first0 + g * P; r < end; ++r) {
+            scaled_fwd_step<true>(K, a, al, b, eps);
+            scaled_fwd_step<false>(K, b, be, a, eps);
+        }
+    }
+    // The last group (P pairs, or repeat - 1 < P), its factors kept for the reverse.
+    if (G > 0) {
+        const int pairs = G == 1 ? p.repeat - 1 : P;
 #pragma unroll
-        for (int q = 0; q < P; ++q, ++r) {
-            if (r < p.repeat) {
-                scaled_fwd_step<true>(K, a, al, b, eps);
-                scaled_fwd_step<false>(K, b, be, a, eps);
+        for (int q = 0; q < P; ++q) {
+            if (q < pairs) {
+                scaled_fwd_step<true>(K, A[q], al, q ? B[q - 1] : b, eps);
+                scaled_fwd_step<false>(K, B[q], be, A[q], eps);
+#pragma unroll
+                for (int e = 0; e < N; ++e) a[e] = A[q][e], b[e] = B[q][e];
             }
         }
     }
@@ -171,20 +191,23 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
             for (int j = 0; j < N; ++j) gt[i * N + j] = (double)d[i * N + j] * a[i] * b[j];
     }
     // Reverse, group by group from the last: recompute the group's factors from its
-    // checkpoint (A[q], B[q]: a and b set by pair q's row and column steps; b: the b
-    // before the group), then reverse its pairs: column step with (A[q], B[q]), row step
-    // with (A[q], B[q-1] or b). b ends as the b step 0 set (the final b if repeat = 1).
-    for (int g = (p.repeat - 1 + P - 1) / P - 1; g >= 0; --g) {
-        const int pairs = min(P, p.repeat - 1 - g * P);
+    // checkpoint (A[q], B[q]; b: the b before the group; the last group's are already
+    // there), then reverse its pairs: column
+    // step with (A[q], B[q]), row step with (A[q], B[q-1] or b). b ends as the b step 0
+    // set (the final b if repeat = 1).
+    for (int g = G - 1; g >= 0; --g) {
+        const int start = g == 0 ? 1 : first0 + (g - 1) * P;
+        const int pairs = (g == 0 ? first0 : first0 + g * P) - start;
         const double* c = tape + g * ckpt;
 #pragma unroll
         for (int e = 0; e < N; ++e) al[e] = c[e * T], be[e] = c[(N + e) * T], b[e] = rcp(be[e]);
-        double A[P][N], B[P][N];
+        if (g != G - 1) {
 #pragma unroll
-        for (int q = 0; q < P; ++q) {
-            if (q < pairs) {
-                scaled_fwd_step<true>(K, A[q], al, q ? B[q - 1] : b, eps);
-                scaled_fwd_step<false>(K, B[q], be, A[q], eps);
+            for (int q = 0; q < P; ++q) {
+                if (q < pairs) {
+                    scaled_fwd_step<true>(K, A[q], al, q ? B[q - 1] : b, eps);
+                    scaled_fwd_step<false>(K, B[q], be, A[q], eps);
+                }
             }
         }
 #pragma unroll
