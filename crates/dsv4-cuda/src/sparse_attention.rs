@@ -589,9 +589,14 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // The Hopper kernel (bwd_sm90.cu) takes 64 heads a CTA; the portable one its tile's.
     let hopper = use_hopper_bwd(gpu, kernel_d(dm.d), f.reference_rounding) && dm.h.div_ceil(SA90_BWD_HEADS) <= 65_535;
     let n_hblk = bwd_head_blocks(hopper, &tiles, dm.h);
-    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes);
+    // The Hopper kernel stores the deterministic contributions in 16 bits (fp16 per
+    // 64-column chunk with an f32 scale: bwd_sm90.cu, SA90_BWD_DET_F16); DSV4_EXTRA_DEFINES
+    // SA90_BWD_DET_F16=0 keeps f32 rows (to compare).
+    let compact = hopper && crate::runtime::extra_define("SA90_BWD_DET_F16").is_none_or(|v| v != "0");
+    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, compact);
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
-        return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least T*(n_head_blocks*D + 1)*4 = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
+        let need = if compact { "T*(n_head_blocks*(2*D + D/16) + 4)" } else { "T*(n_head_blocks*D + 1)*4" };
+        return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least {need} = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
     }
     let rows = dm.b * dm.s;
     // The kernels run at head dim dp (D rounded up to 64): inputs zero-padded, dq and dkv
@@ -617,7 +622,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // DSV4_EXTRA_DEFINES may set the atomic mode's count, 0..=7, to compare).
             let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("3");
             let c0_chunks = if deterministic { "0" } else { atomic_chunks };
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into())])?, [384u32, 1, 1])
+            let f16 = if deterministic && compact { "1" } else { "0" };
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into())])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };
@@ -687,13 +693,14 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // adds them per key in that order: bitwise reproducible, no partial [K, D].
             let w = waves;
             let g = dm.b * dm.k;
-            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * dp * 4)?;
+            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * if compact { 2 * dp + dp / 16 } else { 4 * dp })?;
             let entries = gpu.scratch((w.wave_rows * src.t).max(1) * 4)?;
             let colptr = gpu.scratch((g + 1) * 4)?;
             let counts = gpu.scratch((w.n_rb * g).max(1) * 4)?;
             p.dkv = contrib.ptr();
             let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
-            let (count, scan_rb, scan_keys, fill, reduce) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?, kern("sparse_attn_inv_reduce")?);
+            let (count, scan_rb, scan_keys, fill) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?);
+            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, dp / 8) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
             let mut ip = InvIndexParams {
                 idx: src.ptr,
                 row_len: src.row_len,
@@ -740,14 +747,17 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 let grid = if hopper { [n as u32, n_hblk as u32, 1] } else { [(n * n_hblk) as u32, 1, 1] };
                 // SAFETY: as the atomic launch, except that CTA i owns row r0 + i / n_hblk
                 // (< B*S) and head block i % n_hblk, and stores its valid slots' dkv rows to
-                // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows).
+                // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows;
+                // compact: [n, T, n_hblk, dp] fp16 then [n, T, n_hblk, dp/64] f32 scales,
+                // within the wave_rows-sized buffer as n <= wave_rows).
                 // Hopper: CTA (x, y) owns row r0 + x and head block y < n_hblk.
                 unsafe { k.launch(grid, block, smem as u32, &p)? };
                 if index {
                     // SAFETY: colptr/entries as built above index rows of `contrib` written by
-                    // the main kernel (every valid slot of the wave's rows, every head block);
-                    // acc is [G, dp] f32; dp/4 <= 128 threads.
-                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [(dp / 4) as u32, 1, 1], 0, &ip)? };
+                    // the main kernel (every valid slot of the wave's rows, every head block;
+                    // compact: the layout of that kernel's n = ip.n_rows rows); acc is
+                    // [G, dp] f32; dp/4 <= 128 threads (compact: dp/8 = 64, dp = 512).
+                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;
             }
@@ -822,9 +832,12 @@ pub struct DeterministicWaves {
 }
 
 impl DeterministicWaves {
-    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize) -> Self {
+    /// `compact`: the Hopper kernel's 16-bit contributions (fp16 values and an f32 scale per
+    /// 64 columns) instead of f32 rows.
+    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, compact: bool) -> Self {
         let rows = dm.b * dm.s;
-        let row_bytes = t * (n_hblk * kernel_d(dm.d) + 1) * 4;
+        let dp = kernel_d(dm.d);
+        let row_bytes = if compact { t * (n_hblk * (2 * dp + dp / 16) + 4) } else { t * (n_hblk * dp + 1) * 4 };
         // entry ids local * T + t stay below 2^31
         let id_cap = (i32::MAX as usize).checked_div(t).unwrap_or(rows);
         let wave_rows = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
@@ -931,15 +944,20 @@ mod tests {
     #[test]
     fn deterministic_waves_fit_the_workspace() {
         let dm = Dims { b: 2, s: 1024, h: 64, d: 512, k: 1280, t: 640 };
-        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30);
+        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, false);
         assert_eq!(w.row_bytes, 640 * (2 * 512 + 1) * 4);
         assert_eq!(w.wave_rows, (2usize << 30) / w.row_bytes);
         assert!(w.n_rb >= 1 && w.n_rb <= 4 * 132);
-        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3);
+        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, false);
         assert_eq!(small.wave_rows, 3);
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1).wave_rows, 0);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1, false).wave_rows, 0);
         // No slots: every row in one wave.
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1).wave_rows, 2048);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1, false).wave_rows, 2048);
+        // The Hopper kernel's 16-bit contributions: fp16 values and an f32 scale per 64
+        // columns, and the T entries, about half the f32 rows.
+        let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, true);
+        assert_eq!(c.row_bytes, 640 * (2 * (2 * 512 + 512 / 16) + 4));
+        assert!(c.wave_rows > 19 * w.wave_rows / 10);
     }
 
     #[test]
@@ -954,8 +972,8 @@ mod tests {
         // Fewer head blocks: a row's contributions are smaller, so more rows fit a wave.
         let dm = Dims { b: 1, s: 4096, h: 64, d: 512, k: 5120, t: 640 };
         let ws = 64 << 20;
-        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws);
-        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws);
+        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws, false);
+        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws, false);
         assert_eq!(hop.row_bytes, 640 * (512 + 1) * 4);
         assert!(hop.wave_rows > port.wave_rows);
         // The shared-memory layout fits an H100/H200 block.

@@ -423,8 +423,10 @@ fn small_hopper_backward_d512() {
         let da = dev_args(&x, SparseIndices::TopK(x.idx_dev.view()), false);
         let (out, lse) = gpu_forward(&da, &c);
         let tiles = choose_tiles(Pass::Bwd, 512, c.h, gpu.props().max_shared_per_block_optin as usize).unwrap();
-        let n_hblk = bwd_head_blocks(use_hopper_bwd(gpu, 512, false), &tiles, c.h);
-        let one_row = c.t * (n_hblk * 512 + 1) * 4;
+        let hopper = use_hopper_bwd(gpu, 512, false);
+        let n_hblk = bwd_head_blocks(hopper, &tiles, c.h);
+        // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns.
+        let one_row = if hopper { c.t * (n_hblk * (2 * 512 + 512 / 16) + 4) } else { c.t * (n_hblk * 512 + 1) * 4 };
         let js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row], 4);
         // One byte short of a row: says so (the message counts this path's head blocks).
         let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());

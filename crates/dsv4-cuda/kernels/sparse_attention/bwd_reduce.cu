@@ -2,7 +2,8 @@
 // order so the deterministic backward is bitwise reproducible:
 //   sparse_attn_inv_*:        deterministic dkv: per wave of rows, an inverted index (key ->
 //                             its (row, slot) entries in order) and acc[g] += the sum of
-//                             g's contributions in that order
+//                             g's contributions in that order (_reduce: f32 rows;
+//                             _reduce_f16: the Hopper kernel's fp16 rows with scales)
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
 
@@ -132,6 +133,52 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
         a.z += sum.z;
         a.w += sum.w;
         acc[g * n4 + c] = a;
+    }
+}
+
+// The same for the Hopper backward's 16-bit contributions (bwd_sm90.cu, SA90_BWD_DET_F16):
+// contrib holds fp16 [n_rows, T, n_hblk, D] (each 64-column chunk in the order
+// 16 c4 + 2 j + e = column 8 j + 2 c4 + e) and then the f32 scales [n_rows, T, n_hblk, D / 64];
+// acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum
+// over g's entries in order of sum over head blocks in order of fp16 * scale. One CTA per
+// key, D/8 threads of 8 stored values (16 bytes) each.
+extern "C" __global__ void __launch_bounds__(64) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
+    const int t = threadIdx.x;
+    const int chunks = p.D / 64;
+    const int ch = t / 8, qd = t % 8;
+    const unsigned short* vals = reinterpret_cast<const unsigned short*>(p.contrib);
+    const float* scales = reinterpret_cast<const float*>(vals + static_cast<i64>(p.n_rows) * p.T * p.n_hblk * p.D);
+    for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
+        const int lo = p.colptr[g], hi = p.colptr[g + 1];
+        if (lo == hi || t >= p.D / 8) continue;
+        float sum[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
+#pragma unroll 4
+        for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
+            const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
+            for (int hb = 0; hb < p.n_hblk; ++hb) {
+                const uint4 v = *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd);
+                const float sc = scales[(base + hb) * chunks + ch];
+                const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float x, y;  // the low and high fp16 of w[k]
+                    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
+                    sum[2 * k] = fmaf(x, sc, sum[2 * k]);
+                    sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
+                }
+            }
+        }
+        // Stored position 8 qd + k of the chunk: c4 = qd / 2, j = 4 (qd % 2) + k / 2, e = k % 2,
+        // column n = 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2, h = j % 2), which acc
+        // keeps at 16 m + 4 c4 + 2 h + e.
+        float* a = p.acc + g * p.D + ch * 64;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int c4 = qd / 2, j = 4 * (qd % 2) + k / 2, e = k % 2;
+            a[16 * (j / 2) + 4 * c4 + 2 * (j % 2) + e] += sum[k];
+        }
     }
 }
 

@@ -4,14 +4,17 @@
 // p_t = exp(l_t - lse), delta = <dout, out>, dS = sm_scale * P (dP - delta),
 //   dq      = dS K                       (f32 registers, written once per row)
 //   dkv[k] += dS^T Q + P^T dO            (atomic: f32 vector reductions into [B,K,D];
-//                                         deterministic: each valid slot's f32 row stored
-//                                         to contributions [rows of the wave, T, n_hblk, D],
-//                                         summed per key by bwd_reduce.cu)
+//                                         deterministic: each valid slot's row stored to
+//                                         contributions [rows of the wave, T, n_hblk, D],
+//                                         fp16 with an f32 scale per 64 columns
+//                                         (SA90_BWD_DET_F16, the launcher's default) or
+//                                         f32, summed per key by bwd_reduce.cu)
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -74,6 +77,21 @@ using namespace dsv4;
 using namespace dsv4::hopper;
 using dsv4::sa::kLog2e;
 using dsv4::sa::slot_key;
+
+// SA90_BWD_DET_F16=1 (deterministic mode; the launcher sets it with the matching buffers):
+// each slot's contribution is stored in 16 bits, per 64-column chunk as fp16(c / s) with
+// s = the chunk row's max |c| (f32), instead of f32: half the bytes the main kernel writes
+// and bwd_reduce.cu's sparse_attn_inv_reduce_f16 reads (v21, H200: S=16384 18.57-18.59
+// -> 17.06-17.12 ms, S=4096 4.515 -> 4.365). Error (scripts/sa_det_f16_emulate.py, f64
+// reference): dkv's f32 sum 1.9e-4 relative Frobenius (f32 rows: 3.8e-7) at 500 and at
+// 4,096 contributions a key; the bf16 dkv returned 1.67e-3 against 1.66e-3 with f32 rows
+// (its own rounding dominates); SPEC's bound 5e-3. Layout (the wave's n = gridDim.x
+// rows): contributions [n, T, n_hblk, D] fp16, each 64-column chunk in the order
+// (quad lane c4, n8 tile j, e) = column 8 j + 2 c4 + e (a thread's 16 values contiguous),
+// then the scales [n, T, n_hblk, D / 64] f32.
+#ifndef SA90_BWD_DET_F16
+#define SA90_BWD_DET_F16 0
+#endif
 
 namespace {
 constexpr int kD = 512;                  // head dim
@@ -201,6 +219,44 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
     }
 }
 
+// The deterministic flush in 16 bits (SA90_BWD_DET_F16): chunk `chunk` of the
+// contribution rows e0, e1 (entry (local row, slot) * n_hblk + hb of this thread's key
+// rows r0, r1; on0 / on1: valid slots). The quad's four lanes hold a key row's 64 columns:
+// its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
+// fp16 (32 contiguous bytes) and lane 0 the scale.
+__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
+    unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
+    float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        float mx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
+        mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
+        const float inv = mx > 0.0f ? 1.0f / mx : 0.0f;
+        u32 h[kDkvN / 8];
+#pragma unroll
+        for (int j = 0; j < kDkvN / 8; ++j) {
+            const float x = acc[4 * j + 2 * rr] * inv, y = acc[4 * j + 2 * rr + 1] * inv;
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(y), "f"(x));  // x in the low half
+        }
+        const i64 e = rr ? e1 : e0;
+        const u32 on = rr ? on1 : on0;
+        unsigned short* dst = vals + e * kD + chunk * kDkvN + 16 * c4;
+        asm volatile(
+            "{\n.reg .pred q;\n"
+            "setp.ne.b32 q, %9, 0;\n"
+            "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
+            "@q st.global.cs.v4.b32 [%0+16], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
+            "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on) : "memory");
+        asm volatile(
+            "{\n.reg .pred q;\n"
+            "setp.ne.b32 q, %2, 0;\n"
+            "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"(on & static_cast<u32>(c4 == 0)) : "memory");
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
@@ -304,6 +360,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const u64 qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
     for (int it = 0; it < n_iters; ++it) {
         const u32 par = it & 1;  // the ready phase of both buffers in this iteration
+        // SA90_BWD_DET_F16: the contribution entry of key row r of this pair.
+        [[maybe_unused]] auto det_entry = [&](int r) -> i64 { return (static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb; };
         if (cw == 0) {
             // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
             float sc[2][16], dp[2][16];
@@ -422,7 +480,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     }
                     wgmma_wait<0>();
                     fence_regs(acc);
-                    flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
+                    if constexpr (SA90_BWD_DET_F16) {
+                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4);
+                    } else {
+                        flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
+                    }
                 }
             }
 #else
@@ -488,14 +550,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     mbar_arrive(free_bar + 1);
                 } else {
                     fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
-                    flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                    if constexpr (SA90_BWD_DET_F16) {
+                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
+                    } else {
+                        flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                    }
                 }
             }
             wgmma_wait<0>();
             constexpr int kLast = (kD / kDkvN - 1 - SA90_BWD_C0_CHUNKS) % 2;
             fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
-            flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
+            if constexpr (SA90_BWD_DET_F16) {
+                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4);
+            } else {
+                flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
+            }
         }
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
