@@ -619,9 +619,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let (smem, k, block) = if hopper {
             // The atomic mode's consumer 0 takes three of the eight dKV chunks (faster there,
             // slower for the deterministic mode's stores: bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
-            // DSV4_EXTRA_DEFINES may set the atomic mode's count, 0..=7, to compare).
+            // DSV4_EXTRA_DEFINES may set the atomic mode's count, 0..=7, to compare, and
+            // SA90_BWD_DET_C0_CHUNKS the deterministic mode's).
             let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("3");
-            let c0_chunks = if deterministic { "0" } else { atomic_chunks };
+            let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("0");
+            let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
             let f16 = if deterministic && compact { "1" } else { "0" };
             (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into())])?, [384u32, 1, 1])
         } else {
@@ -700,7 +702,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             p.dkv = contrib.ptr();
             let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
             let (count, scan_rb, scan_keys, fill) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?);
-            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, dp / 8) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
+            // (sparse_attn_inv_reduce_f16: kReduceGroups = 4 groups of dp/8 = 64 threads a key)
+            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, 4 * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
             let mut ip = InvIndexParams {
                 idx: src.ptr,
                 row_len: src.row_len,
@@ -756,7 +759,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     // SAFETY: colptr/entries as built above index rows of `contrib` written by
                     // the main kernel (every valid slot of the wave's rows, every head block;
                     // compact: the layout of that kernel's n = ip.n_rows rows); acc is
-                    // [G, dp] f32; dp/4 <= 128 threads (compact: dp/8 = 64, dp = 512).
+                    // [G, dp] f32; dp/4 <= 128 threads (compact: 4 groups of dp/8 = 64, dp = 512).
                     unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;

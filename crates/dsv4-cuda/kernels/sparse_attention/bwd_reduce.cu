@@ -31,13 +31,22 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const Sp
 }
 
 // Per key g: counts[rb][g] <- slots of g in blocks before rb; colptr[g + 1] <- slots of g.
+// The counts of 16 row blocks are loaded before any is rewritten, so a thread has 16 loads
+// in flight instead of one (v21: one at a time took 0.45 ms a wave at S=16384 under ncu,
+// B*K = 20,480 threads of 528 dependent steps).
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_scan_rb(const SparseAttnInvIndexParams p) {
+    constexpr int kBatch = 16;
     for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < p.G; g += static_cast<i64>(gridDim.x) * blockDim.x) {
         int run = 0;
-        for (int rb = 0; rb < p.n_rb; ++rb) {
-            const int c = p.counts[rb * p.G + g];
-            p.counts[rb * p.G + g] = run;
-            run += c;
+        for (int rb0 = 0; rb0 < p.n_rb; rb0 += kBatch) {
+            int c[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) c[i] = rb0 + i < p.n_rb ? p.counts[(rb0 + i) * p.G + g] : 0;
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+                if (rb0 + i < p.n_rb) p.counts[(rb0 + i) * p.G + g] = run;
+                run += c[i];
+            }
         }
         p.colptr[g + 1] = run;
     }
@@ -139,23 +148,29 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
 // The same for the Hopper backward's 16-bit contributions (bwd_sm90.cu, SA90_BWD_DET_F16):
 // contrib holds fp16 [n_rows, T, n_hblk, D] (each 64-column chunk in the order
 // 16 c4 + 2 j + e = column 8 j + 2 c4 + e) and then the f32 scales [n_rows, T, n_hblk, D / 64];
-// acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum
-// over g's entries in order of sum over head blocks in order of fp16 * scale. One CTA per
-// key, D/8 threads of 8 stored values (16 bytes) each.
-extern "C" __global__ void __launch_bounds__(64) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
-    const int t = threadIdx.x;
+// acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum of
+// g's entries of fp16 * scale over head blocks in order. One CTA per key, kGroups groups of
+// D/8 threads (8 stored values, 16 bytes, each): group q sums entries lo + q, lo + q +
+// kGroups, ... in order, then the groups' sums are added in group order (a fixed tree),
+// so a key that most rows select (thousands of entries at the causal start) is not one
+// thread's serial loop.
+constexpr int kReduceGroups = 4;
+extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
+    __shared__ float part[kReduceGroups - 1][64 * 8];
+    const int lanes = p.D / 8;  // threads of a group (64 at D = 512)
+    const int t = threadIdx.x % lanes, grp = threadIdx.x / lanes;
     const int chunks = p.D / 64;
     const int ch = t / 8, qd = t % 8;
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(p.contrib);
     const float* scales = reinterpret_cast<const float*>(vals + static_cast<i64>(p.n_rows) * p.T * p.n_hblk * p.D);
     for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
         const int lo = p.colptr[g], hi = p.colptr[g + 1];
-        if (lo == hi || t >= p.D / 8) continue;
+        if (lo == hi) continue;  // uniform across the CTA
         float sum[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
 #pragma unroll 4
-        for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
+        for (int e = lo + grp; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
             const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
             for (int hb = 0; hb < p.n_hblk; ++hb) {
                 const uint4 v = *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd);
@@ -170,15 +185,26 @@ extern "C" __global__ void __launch_bounds__(64) sparse_attn_inv_reduce_f16(cons
                 }
             }
         }
-        // Stored position 8 qd + k of the chunk: c4 = qd / 2, j = 4 (qd % 2) + k / 2, e = k % 2,
-        // column n = 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2, h = j % 2), which acc
-        // keeps at 16 m + 4 c4 + 2 h + e.
-        float* a = p.acc + g * p.D + ch * 64;
+        if (grp > 0) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const int c4 = qd / 2, j = 4 * (qd % 2) + k / 2, e = k % 2;
-            a[16 * (j / 2) + 4 * c4 + 2 * (j % 2) + e] += sum[k];
+            for (int k = 0; k < 8; ++k) part[grp - 1][8 * t + k] = sum[k];
         }
+        __syncthreads();
+        if (grp == 0) {
+            // Stored position 8 qd + k of the chunk: c4 = qd / 2, j = 4 (qd % 2) + k / 2,
+            // e = k % 2, column n = 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2,
+            // h = j % 2), which acc keeps at 16 m + 4 c4 + 2 h + e.
+            float* a = p.acc + g * p.D + ch * 64;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float v = sum[k];
+#pragma unroll
+                for (int q = 0; q < kReduceGroups - 1; ++q) v += part[q][8 * t + k];
+                const int c4 = qd / 2, j = 4 * (qd % 2) + k / 2, e = k % 2;
+                a[16 * (j / 2) + 4 * c4 + 2 * (j % 2) + e] += v;
+            }
+        }
+        __syncthreads();  // part is rewritten for the next key
     }
 }
 
