@@ -617,12 +617,14 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            // The atomic mode's consumer 0 takes three of the eight dKV chunks (faster there,
-            // slower for the deterministic mode's stores: bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
-            // DSV4_EXTRA_DEFINES may set the atomic mode's count, 0..=7, to compare, and
-            // SA90_BWD_DET_C0_CHUNKS the deterministic mode's).
+            // Consumer 0 takes three of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
+            // the deterministic mode's f32 rows were faster with none, its 16-bit ones are
+            // with three: v21, H200 S=16384 14.42-14.49 -> 14.19-14.29 ms, S=4096
+            // 3.177-3.198 -> 3.125-3.146). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS /
+            // SA90_BWD_DET_C0_CHUNKS (0..=7) set the atomic / deterministic count to compare.
             let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("3");
-            let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("0");
+            let det_default = if compact { "3" } else { "0" };
+            let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or(det_default);
             let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
             let f16 = if deterministic && compact { "1" } else { "0" };
             (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into())])?, [384u32, 1, 1])

@@ -145,9 +145,10 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 // consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 3 for
 // the atomic mode (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
 // -> 1.902-1.904 with N = 2; N = 1: 8.97 / 1.913; v17 call 1, N = 2 / 3 / 4: S=4096
-// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08),
-// 0 for the deterministic mode (its streaming stores: 18.54-18.57 -> 18.74 with N = 2,
-// 18.63 with N = 1).
+// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08);
+// 3 for the deterministic mode's 16-bit rows too (v21: S=16384 14.42-14.49 -> 14.19-14.29,
+// S=4096 3.177-3.198 -> 3.125-3.146), 0 for its f32 rows (SA90_BWD_DET_F16=0: 18.54-18.57
+// -> 18.74 with N = 2, 18.63 with N = 1).
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
 #endif
