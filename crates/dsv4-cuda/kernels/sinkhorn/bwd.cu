@@ -192,9 +192,10 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     }
     // Reverse, group by group from the last: recompute the group's factors from its
     // checkpoint (A[q], B[q]; b: the b before the group; the last group's are already
-    // there), then reverse its pairs: column
-    // step with (A[q], B[q]), row step with (A[q], B[q-1] or b). b ends as the b step 0
-    // set (the final b if repeat = 1).
+    // there), then reverse its pairs: column step with (A[q], B[q]), row step with (A[q],
+    // B[q-1] or b). b ends as the b step 0 set (the final b if repeat = 1). (The group's
+    // recompute and the forward's last group are the same loop written twice: one device
+    // function for both took ptxas to 232 registers and a stack frame.)
     for (int g = G - 1; g >= 0; --g) {
         const int start = g == 0 ? 1 : first0 + (g - 1) * P;
         const int pairs = (g == 0 ? first0 : first0 + g * P) - start;

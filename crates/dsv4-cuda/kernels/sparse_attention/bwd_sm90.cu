@@ -235,7 +235,8 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
         for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
         mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
-        const float inv = mx > 0.0f ? 1.0f / mx : 0.0f;
+        // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
+        const float inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
         u32 h[kDkvN / 8];
 #pragma unroll
         for (int j = 0; j < kDkvN / 8; ++j) {
