@@ -155,6 +155,12 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
 // so a key that most rows select (thousands of entries at the causal start) is not one
 // thread's serial loop.
 constexpr int kReduceGroups = 4;
+// The chunk's 16-byte units as bwd_sm90.cu stores them (its SA90_BWD_DET_SECTORS): unit u
+// holds quad lane c4 = u / 2, n8 tiles 4 (u % 2) .. + 3 (0), or c4 = u % 4, tiles
+// 4 (u / 4) .. + 3 (1).
+#ifndef SA90_BWD_DET_SECTORS
+#define SA90_BWD_DET_SECTORS 0
+#endif
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
     __shared__ float part[kReduceGroups - 1][64 * 8];
     const int lanes = p.D / 8;  // threads of a group (64 at D = 512)
@@ -191,16 +197,18 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_reduce_f16(con
         }
         __syncthreads();
         if (grp == 0) {
-            // Stored position 8 qd + k of the chunk: c4 = qd / 2, j = 4 (qd % 2) + k / 2,
-            // e = k % 2, column n = 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2,
-            // h = j % 2), which acc keeps at 16 m + 4 c4 + 2 h + e.
+            // Stored position 8 qd + k of the chunk (unit qd): c4 = qd / 2, j = 4 (qd % 2) +
+            // k / 2 (sectors: c4 = qd % 4, j = 4 (qd / 4) + k / 2), e = k % 2, column n =
+            // 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2, h = j % 2), which acc keeps
+            // at 16 m + 4 c4 + 2 h + e.
             float* a = p.acc + g * p.D + ch * 64;
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 float v = sum[k];
 #pragma unroll
                 for (int q = 0; q < kReduceGroups - 1; ++q) v += part[q][8 * t + k];
-                const int c4 = qd / 2, j = 4 * (qd % 2) + k / 2, e = k % 2;
+                const int c4 = SA90_BWD_DET_SECTORS ? qd % 4 : qd / 2;
+                const int j = SA90_BWD_DET_SECTORS ? 4 * (qd / 4) + k / 2 : 4 * (qd % 2) + k / 2, e = k % 2;
                 a[16 * (j / 2) + 4 * c4 + 2 * (j % 2) + e] += v;
             }
         }

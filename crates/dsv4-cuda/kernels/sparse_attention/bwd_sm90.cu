@@ -15,6 +15,7 @@
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=1 SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -91,6 +92,14 @@ using dsv4::sa::slot_key;
 // then the scales [n, T, n_hblk, D / 64] f32.
 #ifndef SA90_BWD_DET_F16
 #define SA90_BWD_DET_F16 0
+#endif
+// SA90_BWD_DET_SECTORS=1 (staged in v21, not yet timed or run; bwd_reduce.cu reads the
+// same define): each 64-column chunk in 16-byte units u = 4 k + c4 (k: the thread's first
+// or second 16 bytes, n8 tiles 4 k .. 4 k + 3), so each of a thread's two stores writes
+// 64 contiguous bytes of its row with its quad (two whole 32-byte sectors) instead of
+// four half sectors. 0: units u = 2 c4 + k (a thread's 32 bytes contiguous).
+#ifndef SA90_BWD_DET_SECTORS
+#define SA90_BWD_DET_SECTORS 0
 #endif
 
 namespace {
@@ -245,13 +254,15 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
         }
         const i64 e = rr ? e1 : e0;
         const u32 on = rr ? on1 : on0;
-        unsigned short* dst = vals + e * kD + chunk * kDkvN + 16 * c4;
+        // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
+        unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
+        constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
         asm volatile(
             "{\n.reg .pred q;\n"
             "setp.ne.b32 q, %9, 0;\n"
             "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
-            "@q st.global.cs.v4.b32 [%0+16], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
-            "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on) : "memory");
+            "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
+            "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
         asm volatile(
             "{\n.reg .pred q;\n"
             "setp.ne.b32 q, %2, 0;\n"
