@@ -697,7 +697,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // adds them per key in that order: bitwise reproducible, no partial [K, D].
             let w = waves;
             let g = dm.b * dm.k;
-            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * if compact { 2 * dp + dp / 16 } else { 4 * dp })?;
+            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * contrib_bytes(dp, compact))?;
             let entries = gpu.scratch((w.wave_rows * src.t).max(1) * 4)?;
             let colptr = gpu.scratch((g + 1) * 4)?;
             let counts = gpu.scratch((w.n_rb * g).max(1) * 4)?;
@@ -836,13 +836,23 @@ pub struct DeterministicWaves {
     pub n_rb: usize,
 }
 
+/// Bytes of one slot's dkv contribution (one head block) at kernel head dim `dp`: f32
+/// values, or (`compact`, the Hopper kernel's) fp16 values and an f32 scale per 64 columns.
+fn contrib_bytes(dp: usize, compact: bool) -> usize {
+    if compact {
+        2 * dp + 4 * (dp / 64)
+    } else {
+        4 * dp
+    }
+}
+
 impl DeterministicWaves {
     /// `compact`: the Hopper kernel's 16-bit contributions (fp16 values and an f32 scale per
     /// 64 columns) instead of f32 rows.
     pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, compact: bool) -> Self {
         let rows = dm.b * dm.s;
-        let dp = kernel_d(dm.d);
-        let row_bytes = if compact { t * (n_hblk * (2 * dp + dp / 16) + 4) } else { t * (n_hblk * dp + 1) * 4 };
+        // a row: T slots of n_hblk contributions and one i32 index entry
+        let row_bytes = t * (n_hblk * contrib_bytes(kernel_d(dm.d), compact) + 4);
         // entry ids local * T + t stay below 2^31
         let id_cap = (i32::MAX as usize).checked_div(t).unwrap_or(rows);
         let wave_rows = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
