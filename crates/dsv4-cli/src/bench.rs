@@ -117,7 +117,7 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
     out
 }
 
-fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, plan_first: bool, trace_out: Option<&str>) -> Result<()> {
+fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, bwd_only: bool, plan_first: bool, trace_out: Option<&str>) -> Result<()> {
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -147,11 +147,14 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     // `plan_first`: the plan forward timed before the plain one (the order's effect on the
     // two rows; the trace below is still the plan forward's last run).
     for with_plan in if plan_first { [true, false] } else { [false, true] } {
+        if bwd_only {
+            break;
+        }
         let (a, name) = if with_plan { (&pargs, "sparse_attention fwd (plan)") } else { (&args, "sparse_attention fwd") };
         let ms = bn.time(|| sa::sparse_attention_into(CUDA, a, &mut out.view_mut(), &mut lse.view_mut()))?;
         bn.flops(name, &shape, ms, fwd_flops, "");
     }
-    if plan_first {
+    if plan_first || bwd_only {
         sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut())?;
     }
     if let Some(path) = trace_out {
@@ -171,7 +174,15 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
         let ms = bn.time(|| sa::sparse_attention_backward_into(CUDA, &bw, &mut dq.view_mut(), &mut dkv.view_mut(), &mut dsinks.view_mut()))?;
         ms_bwd[i] = ms;
         let name = if i == 0 { "sparse_attention bwd atomic (plan)" } else { "sparse_attention bwd deterministic (plan)" };
-        bn.flops(name, &shape, ms, 2.5 * fwd_flops, if i == 1 { "ratio to atomic in the next line" } else { "" });
+        let note = match (i, bwd_only) {
+            (1, true) => format!("deterministic/atomic backward = {:.2}x", ms_bwd[1] / ms_bwd[0]),
+            (1, false) => "ratio to atomic in the next line".into(),
+            _ => String::new(),
+        };
+        bn.flops(name, &shape, ms, 2.5 * fwd_flops, &note);
+    }
+    if bwd_only {
+        return Ok(());
     }
     let both = bn.time(|| {
         sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut())?;
@@ -363,6 +374,8 @@ pub fn main(args: &[String]) -> Result<bool> {
     let json = args.iter().any(|a| a == "--json");
     let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
+    // --bwd-only: the attention's backward rows alone (one untimed forward makes out, lse)
+    let bwd_only = args.iter().any(|a| a == "--bwd-only");
     let trace_out = crate::opt(args, "--trace-out");
     let plan_first = args.iter().any(|a| a == "--plan-first");
     let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
@@ -372,15 +385,15 @@ pub fn main(args: &[String]) -> Result<bool> {
     let mut ran = false;
     if all || what == "sparse-attention" {
         for s in sizes(args, "--s", &[4096, 16384]) {
-            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, plan_first, trace_out)?;
+            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, bwd_only, plan_first, trace_out)?;
         }
         // `--no-sweep`: the two main shapes only (no other head counts and head dims).
         if !args.iter().any(|a| a == "--no-sweep") {
             for h in [16, 32, 128] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, plan_first, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, bwd_only, plan_first, trace_out)?;
             }
             for d in [128, 256] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, plan_first, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, bwd_only, plan_first, trace_out)?;
             }
         }
         ran = true;

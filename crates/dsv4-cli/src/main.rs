@@ -14,10 +14,10 @@ const USAGE: &str = "usage:
       every operation forward and backward through the backend, judged against an f64
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
   dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
-             [--topk-scores-only] [--s N] [--m N] [--no-sweep] [--plan-first] [--cooldown-ms N]
+             [--bwd-only] [--topk-scores-only] [--s N] [--m N] [--no-sweep] [--plan-first] [--cooldown-ms N]
              [--trace-out PREFIX]
       GPU timings (CUDA events, medians) against the measured H200 ceilings; --fwd-only:
-      attention forwards only; --topk-scores-only: the indexer's top-k scores rows only;
+      attention forwards only; --bwd-only: attention backwards only; --topk-scores-only: the indexer's top-k scores rows only;
       --s N: only sequence length N (4096 or 16384) of the attention and indexer tables;
       --m N: only N matrices (65536 or 1048576) of the sinkhorn table; --no-sweep: the
       attention's two main shapes only (no other head counts or dims); --plan-first: the

@@ -171,6 +171,7 @@ impl KernelBackend for Reference {
             seq: s,
             slots: t,
             all_rows_nonempty,
+            derived: Default::default(),
         })
     }
 }

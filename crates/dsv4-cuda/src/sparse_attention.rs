@@ -144,6 +144,9 @@ pub struct InvIndexParams {
     pub d: i32,
     pub n_hblk: i32,
     pub idx_is_i64: i32,
+    pub entry_base: i64, // reduce: entry id of the wave's first contribution
+    pub rb_lo: i32,      // reduce: the wave's row blocks of the index
+    pub rb_hi: i32,
 }
 
 /// Mirrors `SparseAttnConvertParams`.
@@ -208,7 +211,7 @@ pub struct PackParams {
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
 const _: () = assert!(size_of::<BwdParams>() == 296);
-const _: () = assert!(size_of::<InvIndexParams>() == 136);
+const _: () = assert!(size_of::<InvIndexParams>() == 152);
 const _: () = assert!(size_of::<ConvertParams>() == 32);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
@@ -593,7 +596,9 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // 64-column chunk with an f32 scale: bwd_sm90.cu, SA90_BWD_DET_F16); DSV4_EXTRA_DEFINES
     // SA90_BWD_DET_F16=0 keeps f32 rows (to compare).
     let compact = hopper && crate::runtime::extra_define("SA90_BWD_DET_F16").is_none_or(|v| v != "0");
-    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, compact);
+    // DSV4_SA_DET_WAVE_INDEX=1 (to compare) builds the inverted index per wave, not once.
+    let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
+    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, compact, !wave_index);
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
         let need = if compact { "T*(n_head_blocks*(2*D + D/16) + 4)" } else { "T*(n_head_blocks*D + 1)*4" };
         return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least {need} = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
@@ -697,22 +702,21 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // adds them per key in that order: bitwise reproducible, no partial [K, D].
             let w = waves;
             let g = dm.b * dm.k;
+            let index = g > 0 && src.t > 0;
             let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * contrib_bytes(dp, compact))?;
-            let entries = gpu.scratch((w.wave_rows * src.t).max(1) * 4)?;
-            let colptr = gpu.scratch((g + 1) * 4)?;
-            let counts = gpu.scratch((w.n_rb * g).max(1) * 4)?;
-            p.dkv = contrib.ptr();
             let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
             let (count, scan_rb, scan_keys, fill) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?);
-            // (sparse_attn_inv_reduce_f16: kReduceGroups = 4 groups of dp/8 = 64 threads a key)
-            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, 4 * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
+            // (sparse_attn_inv_reduce_f16: SA_REDUCE_GROUPS groups (default 4, a knob of
+            // DSV4_EXTRA_DEFINES: 1..=8) of dp/8 = 64 threads a key)
+            let groups = crate::runtime::extra_define("SA_REDUCE_GROUPS").and_then(|v| v.parse::<usize>().ok()).filter(|v| (1..=8).contains(v)).unwrap_or(4);
+            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, groups * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
             let mut ip = InvIndexParams {
                 idx: src.ptr,
                 row_len: src.row_len,
-                counts: counts.ptr(),
-                colptr: colptr.ptr(),
-                entries: entries.ptr(),
-                contrib: contrib.ptr(),
+                counts: 0,
+                colptr: 0,
+                entries: 0,
+                contrib: 0,
                 acc: acc.ptr(),
                 idx_sb: src.sb,
                 idx_ss: src.ss,
@@ -729,26 +733,63 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 d: dp as i32,
                 n_hblk: n_hblk as i32,
                 idx_is_i64: src.is_i64,
+                entry_base: 0,
+                rb_lo: 0,
+                rb_hi: 0,
             };
+            // The index of rows [r0, r0 + n) in n_rb blocks of rows_per_rb rows, into the
+            // buffers ip points to (an `InvIndex` of at least n rows and n_rb blocks).
+            let build_index = |ip: &mut InvIndexParams, r0: usize, n: usize, rows_per_rb: usize, n_rb: usize| -> Result<()> {
+                (ip.row_base, ip.n_rows, ip.rows_per_rb, ip.n_rb) = (r0 as i32, n as i32, rows_per_rb as i32, n_rb as i32);
+                gpu.zero(ip.counts, n_rb * g * 4)?;
+                // SAFETY (these four): the index source as validated for the main kernel;
+                // rows r0.. r0+n <= B*S; counts holds n_rb*G i32 (zeroed above), colptr G+1,
+                // entries n*T (one per valid slot at most); count and fill take one CTA per
+                // row block, scan_keys one CTA.
+                unsafe { count.launch([n_rb as u32, 1, 1], [256, 1, 1], 0, &*ip)? };
+                unsafe { scan_rb.launch([grid_for(gpu, g), 1, 1], [256, 1, 1], 0, &*ip)? };
+                unsafe { scan_keys.launch([1, 1, 1], [1024, 1, 1], 0, &*ip)? };
+                unsafe { fill.launch([n_rb as u32, 1, 1], [32, 1, 1], 0, &*ip) }
+            };
+            // The global index is kept with a plan (it depends on the selection alone; the
+            // plan's first deterministic backward builds it), else built here once.
+            // DSV4_SA_DET_PLAN_INDEX=0 (to compare) builds it here every call.
+            let plan = match &f.indices {
+                SparseIndices::Plan(pl) if std::env::var("DSV4_SA_DET_PLAN_INDEX").as_deref() != Ok("0") => Some(*pl),
+                _ => None,
+            };
+            let kept = match plan {
+                Some(pl) if index && w.global => pl
+                    .derived
+                    .get_or_try_init(|| -> Result<InvIndex> {
+                        let d = InvIndex::alloc(gpu, &src, g, rows, w.n_rb, w.rows_per_rb)?;
+                        d.point(&mut ip);
+                        build_index(&mut ip, 0, rows, w.rows_per_rb, w.n_rb)?;
+                        Ok(d)
+                    })?
+                    .filter(|d| d.fits(&src, g, rows, w.n_rb, w.rows_per_rb)),
+                _ => None,
+            };
+            let own = match kept {
+                Some(_) => None,
+                None => Some(InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb)?),
+            };
+            kept.as_deref().or(own.as_ref()).expect("an index: kept or own").point(&mut ip);
+            if index && w.global && own.is_some() {
+                build_index(&mut ip, 0, rows, w.rows_per_rb, w.n_rb)?;
+            }
             let mut r0 = 0;
             while r0 < rows {
                 let n = w.wave_rows.min(rows - r0);
-                let rows_per_rb = n.div_ceil(w.n_rb);
-                let n_rb = n.div_ceil(rows_per_rb);
-                (ip.row_base, ip.n_rows, ip.rows_per_rb, ip.n_rb) = (r0 as i32, n as i32, rows_per_rb as i32, n_rb as i32);
-                let index = g > 0 && src.t > 0;
-                if index {
-                    gpu.zero(counts.ptr(), n_rb * g * 4)?;
-                    // SAFETY (these four): the index source as validated for the main
-                    // kernel; rows row_base.. row_base+n < B*S; counts holds n_rb*G i32
-                    // (zeroed above), colptr G+1, entries n*T (one per valid slot at most);
-                    // count and fill take one CTA per row block, scan_keys one CTA.
-                    unsafe { count.launch([n_rb as u32, 1, 1], [256, 1, 1], 0, &ip)? };
-                    unsafe { scan_rb.launch([grid_for(gpu, g), 1, 1], [256, 1, 1], 0, &ip)? };
-                    unsafe { scan_keys.launch([1, 1, 1], [1024, 1, 1], 0, &ip)? };
-                    unsafe { fill.launch([n_rb as u32, 1, 1], [32, 1, 1], 0, &ip)? };
+                if index && !w.global {
+                    let rows_per_rb = n.div_ceil(w.n_rb);
+                    build_index(&mut ip, r0, n, rows_per_rb, n.div_ceil(rows_per_rb))?;
+                    (ip.entry_base, ip.rb_lo, ip.rb_hi) = (0, 0, ip.n_rb);
+                } else if index {
+                    (ip.entry_base, ip.rb_lo, ip.rb_hi) = ((r0 * src.t) as i64, (r0 / w.rows_per_rb) as i32, (r0 + n).div_ceil(w.rows_per_rb) as i32);
                 }
                 p.chunk_base = r0 as i32;
+                p.dkv = contrib.ptr();
                 let grid = if hopper { [n as u32, n_hblk as u32, 1] } else { [(n * n_hblk) as u32, 1, 1] };
                 // SAFETY: as the atomic launch, except that CTA i owns row r0 + i / n_hblk
                 // (< B*S) and head block i % n_hblk, and stores its valid slots' dkv rows to
@@ -758,10 +799,14 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // Hopper: CTA (x, y) owns row r0 + x and head block y < n_hblk.
                 unsafe { k.launch(grid, block, smem as u32, &p)? };
                 if index {
-                    // SAFETY: colptr/entries as built above index rows of `contrib` written by
-                    // the main kernel (every valid slot of the wave's rows, every head block;
-                    // compact: the layout of that kernel's n = ip.n_rows rows); acc is
-                    // [G, dp] f32; dp/4 <= 128 threads (compact: 4 groups of dp/8 = 64, dp = 512).
+                    (ip.contrib, ip.n_rows) = (contrib.ptr(), n as i32);
+                    // SAFETY: colptr/counts/entries as built above index, for rows [r0, r0 +
+                    // n) (row blocks [rb_lo, rb_hi) of a global index: r0 and, but at the
+                    // end, r0 + n are multiples of rows_per_rb), entries r0*T - entry_base ..
+                    // of `contrib` written by the main kernel (every valid slot of the wave's
+                    // rows, every head block; compact: the layout of that kernel's n rows);
+                    // acc is [G, dp] f32; dp/4 <= 128 threads (compact: groups <= 8 of dp/8 =
+                    // 64, dp = 512).
                     unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;
@@ -797,6 +842,48 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     unsafe { ds.launch([dm.h as u32, 1, 1], [256, 1, 1], 0, &d) }
 }
 
+/// The deterministic backward's inverted index (bwd_reduce.cu): per key, its (row, slot)
+/// entries in row order, for `rows` rows in `n_rb` blocks of `rows_per_rb` (0: one wave's,
+/// rebuilt per wave). Built for all rows of a plan, it is kept with the plan
+/// (`SparseIndexPlan::derived`) and reused while `fits` (the same index source and sizes).
+struct InvIndex {
+    idx: u64,
+    row_len: u64,
+    g: usize,
+    rows: usize,
+    t: usize,
+    n_rb: usize,
+    rows_per_rb: usize,
+    counts: Tensor,  // i32 [n_rb, G]: block ends after fill
+    colptr: Tensor,  // i32 [G + 1]
+    entries: Tensor, // i32 [rows * T]
+}
+
+impl InvIndex {
+    fn alloc(gpu: &Gpu, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize) -> Result<Self> {
+        Ok(InvIndex {
+            idx: src.ptr,
+            row_len: src.row_len,
+            g,
+            rows,
+            t: src.t,
+            n_rb,
+            rows_per_rb,
+            counts: gpu.alloc(DType::I32, &[(n_rb * g).max(1)])?,
+            colptr: gpu.alloc(DType::I32, &[g + 1])?,
+            entries: gpu.alloc(DType::I32, &[(rows * src.t).max(1)])?,
+        })
+    }
+
+    fn point(&self, ip: &mut InvIndexParams) {
+        (ip.counts, ip.colptr, ip.entries) = (self.counts.view().address(), self.colptr.view().address(), self.entries.view().address());
+    }
+
+    fn fits(&self, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize) -> bool {
+        (self.idx, self.row_len, self.t) == (src.ptr, src.row_len, src.t) && (self.g, self.rows, self.n_rb, self.rows_per_rb) == (g, rows, n_rb, rows_per_rb)
+    }
+}
+
 /// Heads per CTA of `bwd_sm90.cu` (its wgmma M).
 pub const SA90_BWD_HEADS: usize = 64;
 
@@ -825,15 +912,20 @@ pub fn bwd_head_blocks(hopper: bool, tiles: &Tiles, h: usize) -> usize {
 }
 
 /// How the deterministic backward splits its rows: waves of `wave_rows` consecutive rows
-/// (B*S order), whose per-slot dkv contributions (`T * n_hblk * D` f32 a row) and index
-/// entries (`T` i32 a row) fit `backward_workspace_bytes`; the inverted index of a wave
-/// splits it into at most `n_rb` row blocks (one warp each builds its block's entries).
-/// `wave_rows == 0`: not even one row fits.
+/// (B*S order), whose per-slot dkv contributions (`T * n_hblk` contributions a row,
+/// [`contrib_bytes`] each) fit `backward_workspace_bytes` with the inverted index (`T` i32
+/// entries a row and `[n_rb, B*K]` i32 block counts). `global`: one index for all rows in
+/// `n_rb` blocks of `rows_per_rb` rows, built before the waves (each wave a run of whole
+/// blocks), when it takes at most a quarter of the workspace and its entry ids fit in
+/// int32; else an index per wave (`n_rb` blocks of that wave). `wave_rows == 0`: not even
+/// one row fits (`row_bytes` a row is the least).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeterministicWaves {
     pub row_bytes: usize,
     pub wave_rows: usize,
     pub n_rb: usize,
+    pub global: bool,
+    pub rows_per_rb: usize,
 }
 
 /// Bytes of one slot's dkv contribution (one head block) at kernel head dim `dp`: f32
@@ -848,18 +940,33 @@ fn contrib_bytes(dp: usize, compact: bool) -> usize {
 
 impl DeterministicWaves {
     /// `compact`: the Hopper kernel's 16-bit contributions (fp16 values and an f32 scale per
-    /// 64 columns) instead of f32 rows.
-    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, compact: bool) -> Self {
+    /// 64 columns) instead of f32 rows. `global`: the global index allowed (false: an
+    /// index per wave, to compare).
+    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, compact: bool, global: bool) -> Self {
         let rows = dm.b * dm.s;
+        let slot_bytes = n_hblk * contrib_bytes(kernel_d(dm.d), compact);
         // a row: T slots of n_hblk contributions and one i32 index entry
-        let row_bytes = t * (n_hblk * contrib_bytes(kernel_d(dm.d), compact) + 4);
+        let row_bytes = t * (slot_bytes + 4);
+        let g = (dm.b * dm.k).max(1);
+        // Row blocks: enough warps to fill the device, and [n_rb, B*K] counters <= 256 MiB.
+        let rb_cap = (4 * sm_count).min(((256usize << 20) / (4 * g)).max(1));
+        if global && t > 0 && rows > 0 && rows * t <= i32::MAX as usize {
+            let rows_per_rb = rows.div_ceil(rb_cap.min(rows));
+            let n_rb = rows.div_ceil(rows_per_rb);
+            let index_bytes = rows * t * 4 + n_rb * g * 4 + (g + 1) * 4;
+            if index_bytes <= workspace / 4 {
+                let per = (workspace - index_bytes) / (t * slot_bytes);
+                let wave_rows = if per >= rows { rows } else { per / rows_per_rb * rows_per_rb };
+                if wave_rows > 0 {
+                    return DeterministicWaves { row_bytes, wave_rows, n_rb, global: true, rows_per_rb };
+                }
+            }
+        }
         // entry ids local * T + t stay below 2^31
         let id_cap = (i32::MAX as usize).checked_div(t).unwrap_or(rows);
         let wave_rows = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
-        // Row blocks: enough warps to fill the device, and [n_rb, B*K] counters <= 256 MiB.
-        let g = (dm.b * dm.k).max(1);
-        let n_rb = (4 * sm_count).min(((256usize << 20) / (4 * g)).max(1)).clamp(1, wave_rows.max(1));
-        DeterministicWaves { row_bytes, wave_rows, n_rb }
+        let n_rb = rb_cap.clamp(1, wave_rows.max(1));
+        DeterministicWaves { row_bytes, wave_rows, n_rb, global: false, rows_per_rb: 0 }
     }
 }
 
@@ -924,7 +1031,7 @@ fn plan_impl(op: &'static str, gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize,
         }
         Some(v)
     };
-    Ok(SparseIndexPlan { backend: "cuda", indices, topk_length: Some(lengths), valid_rows, kv_len, batch: b, seq: s, slots: t, all_rows_nonempty })
+    Ok(SparseIndexPlan { backend: "cuda", indices, topk_length: Some(lengths), valid_rows, kv_len, batch: b, seq: s, slots: t, all_rows_nonempty, derived: Default::default() })
 }
 
 #[cfg(test)]
@@ -959,18 +1066,32 @@ mod tests {
     #[test]
     fn deterministic_waves_fit_the_workspace() {
         let dm = Dims { b: 2, s: 1024, h: 64, d: 512, k: 1280, t: 640 };
-        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, false);
+        let (rows, g) = (2048usize, 2 * 1280);
+        // An index per wave (the global one not allowed).
+        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, false, false);
         assert_eq!(w.row_bytes, 640 * (2 * 512 + 1) * 4);
-        assert_eq!(w.wave_rows, (2usize << 30) / w.row_bytes);
+        assert_eq!((w.wave_rows, w.global), ((2usize << 30) / w.row_bytes, false));
         assert!(w.n_rb >= 1 && w.n_rb <= 4 * 132);
-        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, false);
-        assert_eq!(small.wave_rows, 3);
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1, false).wave_rows, 0);
+        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, false, true);
+        assert_eq!((small.wave_rows, small.global), (3, false), "the global index takes more than a quarter of this workspace");
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1, false, true).wave_rows, 0);
         // No slots: every row in one wave.
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1, false).wave_rows, 2048);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1, false, true).wave_rows, 2048);
+        // The global index: waves of whole row blocks, contributions and index within the workspace.
+        for ws in [2usize << 30, 256 << 20, 64 << 20] {
+            let gw = DeterministicWaves::for_sizes(132, dm, dm.t, 2, ws, false, true);
+            assert!(gw.global, "{ws}: {gw:?}");
+            assert_eq!(gw.n_rb, rows.div_ceil(gw.rows_per_rb));
+            assert!(gw.n_rb <= 4 * 132);
+            let index_bytes = rows * 640 * 4 + gw.n_rb * g * 4 + (g + 1) * 4;
+            assert!(gw.wave_rows > 0 && (gw.wave_rows.is_multiple_of(gw.rows_per_rb) || gw.wave_rows == rows), "{gw:?}");
+            assert!(gw.wave_rows * 640 * 2 * 512 * 4 + index_bytes <= ws, "{ws}: {gw:?}");
+            // no more than a block's rows left unused
+            assert!((gw.wave_rows + gw.rows_per_rb) * 640 * 2 * 512 * 4 + index_bytes > ws || gw.wave_rows == rows, "{ws}: {gw:?}");
+        }
         // The Hopper kernel's 16-bit contributions: fp16 values and an f32 scale per 64
         // columns, and the T entries, about half the f32 rows.
-        let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, true);
+        let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, true, false);
         assert_eq!(c.row_bytes, 640 * (2 * (2 * 512 + 512 / 16) + 4));
         assert!(c.wave_rows > 19 * w.wave_rows / 10);
     }
@@ -987,8 +1108,8 @@ mod tests {
         // Fewer head blocks: a row's contributions are smaller, so more rows fit a wave.
         let dm = Dims { b: 1, s: 4096, h: 64, d: 512, k: 5120, t: 640 };
         let ws = 64 << 20;
-        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws, false);
-        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws, false);
+        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws, false, true);
+        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws, false, true);
         assert_eq!(hop.row_bytes, 640 * (512 + 1) * 4);
         assert!(hop.wave_rows > port.wave_rows);
         // The shared-memory layout fits an H100/H200 block.

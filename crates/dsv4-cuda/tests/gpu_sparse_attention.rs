@@ -415,8 +415,9 @@ fn small_hopper_backward_d512() {
     js.extend(run_case(&mut rng, &c, false, false));
     check(js);
 
-    // Deterministic: bitwise equal across reruns, with the default workspace (one wave) and
-    // with room for one row's contributions (a wave per row).
+    // Deterministic: bitwise equal across reruns, with the default workspace (one wave), with
+    // room for one row's contributions (a wave per row, an index per wave) and for three (an
+    // index for all rows, waves of whole row blocks).
     use dsv4_cuda::sparse_attention::{bwd_head_blocks, choose_tiles, use_hopper_bwd, Pass};
     for c in [Case::small(2, 5, 100, 512, 60, 65), Case { noise: 8, ..Case::small(1, 4, 64, 512, 300, 640) }] {
         let x = make_inputs(&mut rng, &c);
@@ -427,7 +428,15 @@ fn small_hopper_backward_d512() {
         let n_hblk = bwd_head_blocks(hopper, &tiles, c.h);
         // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns.
         let one_row = if hopper { c.t * (n_hblk * (2 * 512 + 512 / 16) + 4) } else { c.t * (n_hblk * 512 + 1) * 4 };
-        let js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row], 4);
+        // 3 rows' room: the inverted index built once for all rows, waves of whole row blocks.
+        let mut js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row], 4);
+        // Through a plan: its first deterministic backward builds the index for all rows and
+        // the plan keeps it; the later runs (and the other workspace) reuse it.
+        let plan = plan_sparse_indices(BackendName::Cuda, &x.idx_dev.view(), c.k, false).unwrap();
+        let pa = dev_args(&x, SparseIndices::Plan(&plan), false);
+        assert!(!plan.derived.is_set());
+        js.extend(deterministic_reruns(&c, &x, &pa, &out, &lse, &[3 * one_row, dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES], 3));
+        assert!(plan.derived.is_set(), "the plan keeps the index");
         // One byte short of a row: says so (the message counts this path's head blocks).
         let mut db = SparseAttentionBwdArgs::new(da.clone(), out.view(), lse.view(), x.dout.dev.view());
         db.backward_impl = BackwardImpl::Deterministic;
@@ -536,8 +545,9 @@ fn small_deterministic_backward_is_bitwise_reproducible() {
             Err(Error::Unavailable { reason, .. }) => assert!(reason.contains("workspace"), "{reason}"),
             other => panic!("expected Unavailable, got {:?}", other.map(|_| ())),
         }
-        // The default workspace (one wave), and room for the contributions of one row and of
-        // three rows (many waves; one head block: H <= 64).
+        // The default workspace (one wave), and room for the contributions of one row (an
+        // index per wave) and of three rows (many waves of an index for all rows; one head
+        // block: H <= 64).
         let one_row = c.t * (dsv4_cuda::sparse_attention::kernel_d(c.d) + 1) * 4;
         check(deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row], 5));
     }

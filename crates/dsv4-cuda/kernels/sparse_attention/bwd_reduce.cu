@@ -6,6 +6,11 @@
 //                             _reduce_f16: the Hopper kernel's fp16 rows with scales)
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
+//
+// dsv4-test-defines: SA90_BWD_DET_SECTORS=0
+// dsv4-test-defines: SA_REDUCE_GROUPS=8
+// dsv4-test-defines: SA_REDUCE_STAGE=8
+// dsv4-test-defines: SA_REDUCE_STAGE=4 SA_REDUCE_GROUPS=2
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -14,7 +19,9 @@
 using namespace dsv4;
 
 // Deterministic dkv (params.cuh, SparseAttnInvIndexParams): the contributions of a wave of
-// rows summed per key in a fixed order, through an inverted index built per wave.
+// rows summed per key in a fixed order, through an inverted index of rows [row_base,
+// row_base + n_rows) in row blocks: built once for all rows (each wave a run of whole
+// blocks) or per wave.
 
 // counts[rb][g] += 1 for every valid slot of block rb's rows (one CTA per block).
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const SparseAttnInvIndexParams p) {
@@ -85,8 +92,9 @@ extern "C" __global__ void __launch_bounds__(1024) sparse_attn_inv_scan_keys(con
     }
 }
 
-// entries[colptr[g] + counts[rb][g] + (earlier slots of g in the block)] = local * T + t, so
-// each key's entries run in (row, slot) order. One warp per block walks its rows and their
+// entries[colptr[g] + counts[rb][g] + (earlier slots of g in the block)] = local * T + t
+// (local = row - row_base), so each key's entries run in (row, slot) order; counts[rb][g]
+// ends at the end of block rb's entries of g. One warp per block walks its rows and their
 // slots in order, 32 slots at a time; lanes holding the same key take ranks in lane order.
 extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const SparseAttnInvIndexParams p) {
     const int rb = blockIdx.x, lane = threadIdx.x;
@@ -114,20 +122,30 @@ extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const Spar
     }
 }
 
-// acc[g] += sum over g's entries e (in order) of sum over head blocks hb (in order) of
-// contrib[e, hb]: one CTA per key, D/4 threads of 4 columns each.
+// The wave's entries of key g: entries[wave_begin, wave_end), its rows being the index's row
+// blocks [rb_lo, rb_hi) (fill leaves counts[rb][g] at the end of block rb's entries of g,
+// relative to colptr[g]). An index built for the wave alone: rb_lo = 0, rb_hi = n_rb.
+__device__ __forceinline__ int wave_begin(const SparseAttnInvIndexParams& p, i64 g) {
+    return p.colptr[g] + (p.rb_lo > 0 ? p.counts[(p.rb_lo - 1) * p.G + g] : 0);
+}
+__device__ __forceinline__ int wave_end(const SparseAttnInvIndexParams& p, i64 g) {
+    return p.colptr[g] + p.counts[(p.rb_hi - 1) * p.G + g];
+}
+
+// acc[g] += sum over g's entries e of the wave (in order) of sum over head blocks hb (in
+// order) of contrib[e - entry_base, hb]: one CTA per key, D/4 threads of 4 columns each.
 extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const SparseAttnInvIndexParams p) {
     const int n4 = p.D / 4;
     const int c = threadIdx.x;
     const float4* contrib = reinterpret_cast<const float4*>(p.contrib);
     float4* acc = reinterpret_cast<float4*>(p.acc);
     for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
-        const int lo = p.colptr[g], hi = p.colptr[g + 1];
+        const int lo = wave_begin(p, g), hi = wave_end(p, g);
         if (lo == hi || c >= n4) continue;
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
         for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
-            const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
+            const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
             for (int hb = 0; hb < p.n_hblk; ++hb) {
                 const float4 v = contrib[(base + hb) * n4 + c];
                 sum.x += v.x;
@@ -154,15 +172,39 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
 // kGroups, ... in order, then the groups' sums are added in group order (a fixed tree),
 // so a key that most rows select (thousands of entries at the causal start) is not one
 // thread's serial loop.
-constexpr int kReduceGroups = 4;
-// The chunk's 16-byte units as bwd_sm90.cu stores them (its SA90_BWD_DET_SECTORS): unit u
-// holds quad lane c4 = u / 2, n8 tiles 4 (u % 2) .. + 3 (0), or c4 = u % 4, tiles
-// 4 (u / 4) .. + 3 (1).
-#ifndef SA90_BWD_DET_SECTORS
-#define SA90_BWD_DET_SECTORS 0
+// SA_REDUCE_GROUPS (1..8, default 4; the launcher reads the same define for the CTA size).
+#ifndef SA_REDUCE_GROUPS
+#define SA_REDUCE_GROUPS 4
 #endif
-extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
-    __shared__ float part[kReduceGroups - 1][64 * 8];
+constexpr int kReduceGroups = SA_REDUCE_GROUPS;
+static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8");
+// The chunk's 16-byte units as bwd_sm90.cu stores them (its SA90_BWD_DET_SECTORS): unit u
+// holds quad lane c4 = u % 4, n8 tiles 4 (u / 4) .. + 3 (1, the default), or c4 = u / 2,
+// tiles 4 (u % 2) .. + 3 (0).
+#ifndef SA90_BWD_DET_SECTORS
+#define SA90_BWD_DET_SECTORS 1
+#endif
+// SA_REDUCE_STAGE=N (N > 1; one head block): a key's entry ids staged in shared memory
+// (a CTA's worth at a time, one coalesced load) and each group's values loaded N entries
+// at a time, so its loads do not wait on the entry loads one by one; the same entries in
+// the same order (bitwise the same sums). 0 (default): the entry ids read per entry.
+#ifndef SA_REDUCE_STAGE
+#define SA_REDUCE_STAGE 0
+#endif
+// sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc.
+__device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float x, y;
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
+        sum[2 * k] = fmaf(x, sc, sum[2 * k]);
+        sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
+    }
+}
+extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGroups) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
+    __shared__ float part[kReduceGroups > 1 ? kReduceGroups - 1 : 1][64 * 8];
+    __shared__ int ids[64 * kReduceGroups];
     const int lanes = p.D / 8;  // threads of a group (64 at D = 512)
     const int t = threadIdx.x % lanes, grp = threadIdx.x / lanes;
     const int chunks = p.D / 64;
@@ -170,24 +212,43 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_reduce_f16(con
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(p.contrib);
     const float* scales = reinterpret_cast<const float*>(vals + static_cast<i64>(p.n_rows) * p.T * p.n_hblk * p.D);
     for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
-        const int lo = p.colptr[g], hi = p.colptr[g + 1];
+        const int lo = wave_begin(p, g), hi = wave_end(p, g);
         if (lo == hi) continue;  // uniform across the CTA
         float sum[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
-#pragma unroll 4
-        for (int e = lo + grp; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
-            const i64 base = static_cast<i64>(p.entries[e]) * p.n_hblk;
-            for (int hb = 0; hb < p.n_hblk; ++hb) {
-                const uint4 v = *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd);
-                const float sc = scales[(base + hb) * chunks + ch];
-                const u32 w[4] = {v.x, v.y, v.z, v.w};
+        if (SA_REDUCE_STAGE > 1 && p.n_hblk == 1) {
+            constexpr int kN = SA_REDUCE_STAGE > 1 ? SA_REDUCE_STAGE : 1;
+            const int cta = static_cast<int>(blockDim.x);  // a multiple of kReduceGroups
+            for (int c0 = lo; c0 < hi; c0 += cta) {
+                const int cn = min(cta, hi - c0);
+                __syncthreads();  // the previous chunk's ids are read
+                if (static_cast<int>(threadIdx.x) < cn) ids[threadIdx.x] = static_cast<int>(p.entries[c0 + threadIdx.x] - p.entry_base);
+                __syncthreads();
+                int i = grp;
+                for (; i + (kN - 1) * kReduceGroups < cn; i += kN * kReduceGroups) {
+                    uint4 v[kN];
+                    float sc[kN];
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    float x, y;  // the low and high fp16 of w[k]
-                    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
-                    sum[2 * k] = fmaf(x, sc, sum[2 * k]);
-                    sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
+                    for (int u = 0; u < kN; ++u) {
+                        const i64 e = ids[i + u * kReduceGroups];
+                        v[u] = *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd);
+                        sc[u] = scales[e * chunks + ch];
+                    }
+#pragma unroll
+                    for (int u = 0; u < kN; ++u) add_f16_unit(sum, v[u], sc[u]);
+                }
+                for (; i < cn; i += kReduceGroups) {
+                    const i64 e = ids[i];
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd), scales[e * chunks + ch]);
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int e = lo + grp; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
+                const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
+                for (int hb = 0; hb < p.n_hblk; ++hb) {
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), scales[(base + hb) * chunks + ch]);
                 }
             }
         }

@@ -15,7 +15,9 @@
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=1 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=1 SA90_BWD_KV_EVICT_LAST=1 SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -93,13 +95,30 @@ using dsv4::sa::slot_key;
 #ifndef SA90_BWD_DET_F16
 #define SA90_BWD_DET_F16 0
 #endif
-// SA90_BWD_DET_SECTORS=1 (staged in v21, not yet timed or run; bwd_reduce.cu reads the
-// same define): each 64-column chunk in 16-byte units u = 4 k + c4 (k: the thread's first
-// or second 16 bytes, n8 tiles 4 k .. 4 k + 3), so each of a thread's two stores writes
-// 64 contiguous bytes of its row with its quad (two whole 32-byte sectors) instead of
-// four half sectors. 0: units u = 2 c4 + k (a thread's 32 bytes contiguous).
+// SA90_BWD_DET_SECTORS=1 (default since v22; bwd_reduce.cu reads the same define): each
+// 64-column chunk in 16-byte units u = 4 k + c4 (k: the thread's first or second 16
+// bytes, n8 tiles 4 k .. 4 k + 3), so each of a thread's two stores writes 64 contiguous
+// bytes of its row with its quad (two whole 32-byte sectors) instead of four half sectors
+// (v22 call 1, H200: S=16384 14.27 -> 13.98-14.00 ms, S=4096 3.097-3.103 -> 3.027-3.034).
+// 0: units u = 2 c4 + k (a thread's 32 bytes contiguous).
 #ifndef SA90_BWD_DET_SECTORS
-#define SA90_BWD_DET_SECTORS 0
+#define SA90_BWD_DET_SECTORS 1
+#endif
+// SA90_BWD_DET_LINES=1 (with SA90_BWD_DET_SECTORS=1): the lanes of quads q and q ^ 1 (key
+// rows r and r ^ 1) trade one 16-byte unit of each row, so that each store instruction
+// writes 4 whole 128-byte row chunks (the even quad units 0-3, the odd one units 4-7 of
+// one row) instead of 8 half chunks: half the L2 write requests, as the atomic flush's
+// 4 x 128 B. The stored layout is the same. 0 (default): each lane its own row's units.
+#ifndef SA90_BWD_DET_LINES
+#define SA90_BWD_DET_LINES 0
+#endif
+static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
+// SA90_BWD_DET_RCP=1 (default since v22): the 16-bit flush's 1 / scale by rcp.approx (one
+// MUFU op) instead of an IEEE division (the decode multiplies by the scale itself, so the
+// quotient's last bit does not matter; v22 call 2, H200: S=16384 13.16-13.18 -> 12.96-12.99
+// ms, S=4096 2.875-2.885 -> 2.817-2.822); 0: the division.
+#ifndef SA90_BWD_DET_RCP
+#define SA90_BWD_DET_RCP 1
 #endif
 
 namespace {
@@ -245,7 +264,13 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
         mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
         // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
-        const float inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
+        float inv = 0.0f;
+        if constexpr (SA90_BWD_DET_RCP != 0) {
+            asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv) : "f"(mx));
+            inv = mx >= 1.17549435e-38f ? inv : 0.0f;
+        } else {
+            inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
+        }
         u32 h[kDkvN / 8];
 #pragma unroll
         for (int j = 0; j < kDkvN / 8; ++j) {
@@ -254,15 +279,40 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
         }
         const i64 e = rr ? e1 : e0;
         const u32 on = rr ? on1 : on0;
-        // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
-        unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
-        constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
-        asm volatile(
-            "{\n.reg .pred q;\n"
-            "setp.ne.b32 q, %9, 0;\n"
-            "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
-            "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
-            "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
+        if constexpr (SA90_BWD_DET_LINES != 0) {
+            // Even quad: unit c4 of its own row (h[0..3]), then unit c4 of the odd row
+            // (received); odd quad: unit 4 + c4 of the even row (received), then of its own
+            // row (h[4..7]). Key row r ^ 1's entry is e -+ n_hblk.
+            const bool odd = (threadIdx.x >> 2) & 1;
+            const u32 s0 = odd ? h[0] : h[4], s1 = odd ? h[1] : h[5], s2 = odd ? h[2] : h[6], s3 = odd ? h[3] : h[7];
+            const u32 r0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 4), r1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 4);
+            const u32 r2 = __shfl_xor_sync(DSV4_FULL_MASK, s2, 4), r3 = __shfl_xor_sync(DSV4_FULL_MASK, s3, 4);
+            const u32 pon = __shfl_xor_sync(DSV4_FULL_MASK, on, 4);
+            const i64 e_pair = odd ? e - static_cast<i64>(gridDim.y) : e + static_cast<i64>(gridDim.y);
+            const i64 e_even = odd ? e_pair : e, e_odd = odd ? e : e_pair;
+            const int unit = odd ? 32 + 8 * c4 : 8 * c4;  // in fp16 values
+            unsigned short* const dst_even = vals + e_even * kD + chunk * kDkvN + unit;
+            unsigned short* const dst_odd = vals + e_odd * kD + chunk * kDkvN + unit;
+            const u32 a0 = odd ? r0 : h[0], a1 = odd ? r1 : h[1], a2 = odd ? r2 : h[2], a3 = odd ? r3 : h[3];
+            const u32 b0 = odd ? h[4] : r0, b1 = odd ? h[5] : r1, b2 = odd ? h[6] : r2, b3 = odd ? h[7] : r3;
+            asm volatile(
+                "{\n.reg .pred q, w;\n"
+                "setp.ne.b32 q, %10, 0;\n"
+                "setp.ne.b32 w, %11, 0;\n"
+                "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
+                "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
+                "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
+        } else {
+            // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
+            unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
+            constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
+            asm volatile(
+                "{\n.reg .pred q;\n"
+                "setp.ne.b32 q, %9, 0;\n"
+                "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
+                "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
+        }
         asm volatile(
             "{\n.reg .pred q;\n"
             "setp.ne.b32 q, %2, 0;\n"

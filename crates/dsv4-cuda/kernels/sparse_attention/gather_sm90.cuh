@@ -115,9 +115,16 @@ struct SlotSource {
 // the threads with j = 0). Thread t copies chunk j = t % 8 of rows t / 8 and t / 8 + 16 in
 // every group; masked rows are zero-filled. Named barrier 5 syncs the producer's 128
 // threads.
+// SA90_BWD_KV_EVICT_LAST=1 (the backward's includer): the K/V copies carry an L2
+// evict_last policy (against the streamed dkv traffic); 0 (default): none.
+#ifndef SA90_BWD_KV_EVICT_LAST
+#define SA90_BWD_KV_EVICT_LAST 0
+#endif
 template <int NBUF>
 __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
     const int j = wtid % 8, r_base = wtid / 8;
+    [[maybe_unused]] u64 kv_policy = 0;
+    if constexpr (SA90_BWD_KV_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
     for (int blk = 0; blk < n_blocks; ++blk) {
         const int slot0 = blk * kBN;
         if (slot0 % kChunk == 0) {
@@ -145,7 +152,13 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
 #pragma unroll
             for (int gg = 0; gg < 8; ++gg)
-                if constexpr (DSV4_SA90_BWD_DIAG != 1) kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
+                if constexpr (DSV4_SA90_BWD_DIAG != 1) {
+                    if constexpr (SA90_BWD_KV_EVICT_LAST != 0) {
+                        kv_copy16_policy(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
+                    } else {
+                        kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
+                    }
+                }
         }
         producer_handoff(ready_bar + buf);
     }

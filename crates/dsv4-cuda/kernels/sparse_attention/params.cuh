@@ -96,8 +96,12 @@ struct SparseAttnInvIndexParams {
     i32 S, K, T, D;
     i32 n_hblk;
     i32 idx_is_i64;
+    // reduce: the wave is row blocks [rb_lo, rb_hi) of the index (counts hold each
+    // block's end after fill), its contributions' entry ids start at entry_base
+    i64 entry_base;
+    i32 rb_lo, rb_hi;
 };
-DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 136);
+DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 152);
 
 // bwd_reduce.cu: f32 accumulator -> bf16 gradient.
 struct SparseAttnConvertParams {

@@ -205,6 +205,10 @@ pub fn build_sparse_topk_indices_into(backend: BackendName, a: &BuildIndicesArgs
 ///   keys ascending (duplicates kept) then -1;
 /// - `topk_length`: i32 `[B*S]`, valid-prefix lengths;
 /// - `valid_rows`: i64 indices of the nonempty rows, unless `all_rows_nonempty`.
+///
+/// A plan's tensors are read-only: a backend may derive more from them on first use and
+/// keep it in `derived` (the CUDA deterministic backward's inverted index), so changing
+/// them in place afterwards gives wrong results.
 #[derive(Clone, Debug)]
 pub struct SparseIndexPlan {
     /// The backend the layout is for (`"reference"`, `"cuda"`).
@@ -219,6 +223,39 @@ pub struct SparseIndexPlan {
     /// Slots per row of the selection the plan was made from (`T`).
     pub slots: usize,
     pub all_rows_nonempty: bool,
+    /// What a backend derived from this plan on first use, kept for its later uses
+    /// (shared by the plan's clones; a backend checks it was derived from the same
+    /// `indices` buffer). `PlanDerived::default()` when making a plan.
+    pub derived: PlanDerived,
+}
+
+/// A value a backend derives from a plan once ([`PlanDerived::get_or_try_init`]) and keeps
+/// with it: the first one stored stays, whatever its type; clones of the plan share it.
+#[derive(Clone, Default)]
+pub struct PlanDerived(std::sync::Arc<std::sync::OnceLock<std::sync::Arc<dyn std::any::Any + Send + Sync>>>);
+
+impl PlanDerived {
+    /// The value stored, made by `make` if there is none yet (an error stores nothing);
+    /// `None` when the value stored is not a `T`.
+    pub fn get_or_try_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> Result<T>) -> Result<Option<std::sync::Arc<T>>> {
+        if self.0.get().is_none() {
+            let v = make()?;
+            // a racing thread's value wins; this one is dropped
+            let _ = self.0.set(std::sync::Arc::new(v));
+        }
+        Ok(self.0.get().and_then(|v| v.clone().downcast::<T>().ok()))
+    }
+
+    /// Whether a value is stored.
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
+impl std::fmt::Debug for PlanDerived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_set() { "PlanDerived(set)" } else { "PlanDerived(empty)" })
+    }
 }
 
 impl SparseIndexPlan {
