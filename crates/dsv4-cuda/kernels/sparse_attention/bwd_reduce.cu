@@ -10,7 +10,8 @@
 // dsv4-test-defines: SA90_BWD_DET_SECTORS=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=8
 // dsv4-test-defines: SA_REDUCE_STAGE=8
-// dsv4-test-defines: SA_REDUCE_STAGE=4 SA_REDUCE_GROUPS=2
+// dsv4-test-defines: SA_REDUCE_STAGE=0
+// dsv4-test-defines: SA_REDUCE_GROUPS=2
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -184,12 +185,14 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA90_BWD_DET_SECTORS
 #define SA90_BWD_DET_SECTORS 1
 #endif
-// SA_REDUCE_STAGE=N (N > 1; one head block): a key's entry ids staged in shared memory
-// (a CTA's worth at a time, one coalesced load) and each group's values loaded N entries
-// at a time, so its loads do not wait on the entry loads one by one; the same entries in
-// the same order (bitwise the same sums). 0 (default): the entry ids read per entry.
+// SA_REDUCE_STAGE=N (N > 1, default 4; one head block): a key's entry ids staged in shared
+// memory (a CTA's worth at a time, one coalesced load) and each group's values loaded N
+// entries at a time, so its loads do not wait on the entry loads one by one; the same
+// entries in the same order (bitwise the same sums). v22 call 3, H200: S=16384 12.95 ->
+// 11.96-11.99 ms (N = 4), 12.02 (N = 8); S=4096 2.81-2.83 -> 2.55. 0: the entry ids read
+// per entry (4 entries' loads in flight at most, each after its id's).
 #ifndef SA_REDUCE_STAGE
-#define SA_REDUCE_STAGE 0
+#define SA_REDUCE_STAGE 4
 #endif
 // sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc.
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {

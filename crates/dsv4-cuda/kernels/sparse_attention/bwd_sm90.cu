@@ -17,7 +17,7 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=1 SA90_BWD_KV_EVICT_LAST=1 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -69,6 +69,16 @@
 // and the three P / dS tiles (so consumer 0 also waits for consumer 1 to read the tiles
 // before it writes the next pair's).
 
+// The deterministic mode's K/V gathers carry an L2 evict_last policy (gather_sm90.cuh,
+// SA90_BWD_KV_EVICT_LAST), so the 16-bit rows streamed out do not push the gathered keys
+// out of L2 (v22 call 3, H200: S=16384 12.95 -> 12.62-12.63 ms; the atomic mode, whose
+// reductions stay in L2, was not helped: 8.84-8.87 -> 8.92-8.94, so it keeps none).
+#if !defined(SA90_BWD_KV_EVICT_LAST) && defined(SA90_BWD_DET_F16)
+#if SA90_BWD_DET_F16
+#define SA90_BWD_KV_EVICT_LAST 1
+#endif
+#endif
+
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
@@ -104,13 +114,15 @@ using dsv4::sa::slot_key;
 #ifndef SA90_BWD_DET_SECTORS
 #define SA90_BWD_DET_SECTORS 1
 #endif
-// SA90_BWD_DET_LINES=1 (with SA90_BWD_DET_SECTORS=1): the lanes of quads q and q ^ 1 (key
-// rows r and r ^ 1) trade one 16-byte unit of each row, so that each store instruction
-// writes 4 whole 128-byte row chunks (the even quad units 0-3, the odd one units 4-7 of
-// one row) instead of 8 half chunks: half the L2 write requests, as the atomic flush's
-// 4 x 128 B. The stored layout is the same. 0 (default): each lane its own row's units.
+// SA90_BWD_DET_LINES=1 (default since v22; needs SA90_BWD_DET_SECTORS=1): the lanes of
+// quads q and q ^ 1 (key rows r and r ^ 1) trade one 16-byte unit of each row, so that
+// each store instruction writes 4 whole 128-byte row chunks (the even quad units 0-3, the
+// odd one units 4-7 of one row) instead of 8 half chunks: half the L2 write requests, as
+// the atomic flush's 4 x 128 B. The stored layout is the same (v22 call 3, H200: S=16384
+// 12.95 -> 12.74-12.77 ms). 0 (and the default under SA90_BWD_DET_SECTORS=0): each lane
+// its own row's units.
 #ifndef SA90_BWD_DET_LINES
-#define SA90_BWD_DET_LINES 0
+#define SA90_BWD_DET_LINES SA90_BWD_DET_SECTORS
 #endif
 static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
 // SA90_BWD_DET_RCP=1 (default since v22): the 16-bit flush's 1 / scale by rcp.approx (one

@@ -115,8 +115,8 @@ struct SlotSource {
 // the threads with j = 0). Thread t copies chunk j = t % 8 of rows t / 8 and t / 8 + 16 in
 // every group; masked rows are zero-filled. Named barrier 5 syncs the producer's 128
 // threads.
-// SA90_BWD_KV_EVICT_LAST=1 (the backward's includer): the K/V copies carry an L2
-// evict_last policy (against the streamed dkv traffic); 0 (default): none.
+// SA90_BWD_KV_EVICT_LAST=1: the K/V copies carry an L2 evict_last policy (bwd_sm90.cu sets
+// it for its deterministic mode, against the 16-bit rows it streams out); 0: none.
 #ifndef SA90_BWD_KV_EVICT_LAST
 #define SA90_BWD_KV_EVICT_LAST 0
 #endif

@@ -132,7 +132,11 @@ pub struct SparseAttentionBwdArgs<'a> {
     /// `[B,S,H,D]`, gradient of `out`.
     pub dout: TensorView<'a>,
     pub backward_impl: BackwardImpl,
-    /// Bound on the partial-dkv workspace of the deterministic backward.
+    /// Bound on the partial-dkv workspace of the deterministic backward (the CUDA backend:
+    /// the per-slot contributions of a wave of rows and, when it takes at most a quarter
+    /// of this, an inverted index of all rows, which a plan keeps after its first
+    /// deterministic backward: 4 bytes a slot and `[row blocks <= 4 x SMs, B*K]` i32
+    /// counts, 84 MB at B*S = 16384, T = 640, K = 20480; held as long as the plan).
     pub backward_workspace_bytes: usize,
 }
 
