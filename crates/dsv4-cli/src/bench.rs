@@ -117,7 +117,18 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
     out
 }
 
-fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, fwd_only: bool, bwd_only: bool, plan_first: bool, trace_out: Option<&str>) -> Result<()> {
+/// The attention table's options (`dsv4 bench` flags).
+struct AttnOpts<'a> {
+    fwd_only: bool,
+    bwd_only: bool,
+    plan_first: bool,
+    trace_out: Option<&'a str>,
+    /// `--workspace-mib N`: the deterministic backward's workspace (default: the library's).
+    workspace: Option<usize>,
+}
+
+fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, o: &AttnOpts) -> Result<()> {
+    let AttnOpts { fwd_only, bwd_only, plan_first, trace_out, workspace } = *o;
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -171,6 +182,9 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     for (i, imp) in [BackwardImpl::Atomic, BackwardImpl::Deterministic].into_iter().enumerate() {
         let mut bw = SparseAttentionBwdArgs::new(pargs.clone(), out.view(), lse.view(), dout.view());
         bw.backward_impl = imp;
+        if let Some(ws) = workspace {
+            bw.backward_workspace_bytes = ws;
+        }
         let ms = bn.time(|| sa::sparse_attention_backward_into(CUDA, &bw, &mut dq.view_mut(), &mut dkv.view_mut(), &mut dsinks.view_mut()))?;
         ms_bwd[i] = ms;
         let name = if i == 0 { "sparse_attention bwd atomic (plan)" } else { "sparse_attention bwd deterministic (plan)" };
@@ -376,24 +390,29 @@ pub fn main(args: &[String]) -> Result<bool> {
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
     // --bwd-only: the attention's backward rows alone (one untimed forward makes out, lse)
     let bwd_only = args.iter().any(|a| a == "--bwd-only");
+    let workspace = match crate::opt(args, "--workspace-mib") {
+        Some(v) => Some(v.parse::<usize>().ok().filter(|m| *m > 0).map(|m| m << 20).ok_or_else(|| Error::Data(format!("--workspace-mib {v}: a positive number of MiB")))?),
+        None => None,
+    };
     let trace_out = crate::opt(args, "--trace-out");
     let plan_first = args.iter().any(|a| a == "--plan-first");
     let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
     let mut bn = Bench::new(iters, cooldown_ms)?;
     let mut rng = Rng(42);
+    let attn = AttnOpts { fwd_only, bwd_only, plan_first, trace_out, workspace };
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {
         for s in sizes(args, "--s", &[4096, 16384]) {
-            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, fwd_only, bwd_only, plan_first, trace_out)?;
+            bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, &attn)?;
         }
         // `--no-sweep`: the two main shapes only (no other head counts and head dims).
         if !args.iter().any(|a| a == "--no-sweep") {
             for h in [16, 32, 128] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, fwd_only, bwd_only, plan_first, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, &attn)?;
             }
             for d in [128, 256] {
-                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, fwd_only, bwd_only, plan_first, trace_out)?;
+                bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, &attn)?;
             }
         }
         ran = true;

@@ -14,15 +14,17 @@ const USAGE: &str = "usage:
       every operation forward and backward through the backend, judged against an f64
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
   dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
-             [--bwd-only] [--topk-scores-only] [--s N] [--m N] [--no-sweep] [--plan-first] [--cooldown-ms N]
-             [--trace-out PREFIX]
+             [--bwd-only] [--workspace-mib N] [--topk-scores-only] [--s N] [--m N] [--no-sweep]
+             [--plan-first] [--cooldown-ms N] [--trace-out PREFIX]
       GPU timings (CUDA events, medians) against the measured H200 ceilings; --fwd-only:
-      attention forwards only; --bwd-only: attention backwards only; --topk-scores-only: the indexer's top-k scores rows only;
-      --s N: only sequence length N (4096 or 16384) of the attention and indexer tables;
-      --m N: only N matrices (65536 or 1048576) of the sinkhorn table; --no-sweep: the
-      attention's two main shapes only (no other head counts or dims); --plan-first: the
-      attention's plan forward timed before the plain one; --cooldown-ms N: idle time
-      before each row (default 500: every row starts below the GPU's power cap); --trace-out PREFIX:
+      attention forwards only; --bwd-only: attention backwards only; --workspace-mib N: the
+      deterministic attention backward's workspace (default 2048); --topk-scores-only: the
+      indexer's top-k scores rows only; --s N: only sequence length N (4096 or 16384) of the
+      attention and indexer tables; --m N: only N matrices (65536 or 1048576) of the sinkhorn
+      table; --no-sweep: the attention's two main shapes only (no other head counts or dims);
+      --plan-first: the attention's plan forward timed before the plain one; --cooldown-ms N:
+      idle time before each row (default 500: every row starts below the GPU's power cap);
+      --trace-out PREFIX:
       each attention shape's lse after its plan forward, raw f32, to PREFIX.s<S>.h<H>.d<D>.bin
       (with DSV4_EXTRA_DEFINES=SA90_TRACE=1: the Hopper forward's clock trace)
   dsv4 info
