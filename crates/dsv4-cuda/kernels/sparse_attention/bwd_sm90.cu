@@ -14,10 +14,12 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_RED_EVICT_LAST=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_PDL=1 SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
@@ -125,6 +127,19 @@ using dsv4::sa::slot_key;
 #define SA90_BWD_DET_LINES SA90_BWD_DET_SECTORS
 #endif
 static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
+// SA90_BWD_PDL=1 (deterministic mode; the launcher sets it with DSV4_SA_DET_PDL=1 and
+// launches waves after the first as programmatic dependents of the previous wave's
+// reduce, whose contributions buffer they overwrite): every thread signals
+// griddepcontrol.launch_dependents at the start (the wave's reduce may start during this
+// wave's last CTAs), and the consumers wait (griddepcontrol.wait) for the previous grid
+// before their first 16-bit store and, all of them, after their loop (so that this grid's
+// completion implies the previous one's). Staged in v22, not yet run on a GPU.
+#ifndef SA90_BWD_PDL
+#define SA90_BWD_PDL 0
+#endif
+__device__ __forceinline__ void pdl_wait() {
+    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 // SA90_BWD_DET_RCP=1 (default since v22): the 16-bit flush's 1 / scale by rcp.approx (one
 // MUFU op) instead of an IEEE division (the decode multiplies by the scale itself, so the
 // quotient's last bit does not matter; v22 call 2, H200: S=16384 13.16-13.18 -> 12.96-12.99
@@ -222,8 +237,17 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 // (each lane's own vectors, no shuffles) while both consumers flushed (v13-v14: 10.11 vs
 // 9.63) and won once one consumer does all flushing (v16: 9.44-9.47 -> 8.95-9.06; the L2
 // reduction probe, v13: 3.43 vs 2.87 TB/s at one CTA an SM with the gathers).
+// SA90_BWD_RED_EVICT_LAST=1 (staged in v22, not yet run on a GPU): the atomic mode's
+// reductions carry an L2 evict_last policy, to keep the [B, K, D] f32 accumulator (42 MB
+// at S=16384: most of the L2) resident against the K/V and Q / dO traffic; 0 (default):
+// none. (The opposite, evict_last on the K/V gathers, lost in the atomic mode: v22 call 3.)
+#ifndef SA90_BWD_RED_EVICT_LAST
+#define SA90_BWD_RED_EVICT_LAST 0
+#endif
 template <int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
+    [[maybe_unused]] u64 red_policy = 0;
+    if constexpr (SA90_BWD_RED_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(red_policy));
 #pragma unroll
     for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
@@ -247,14 +271,25 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
                 const u32 on = k ? on_b[rr] : on_a[rr];
                 // Predicated in the PTX rather than under an `if`: with a divergent branch
                 // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                asm volatile(
-                    "{\n.reg .pred q, d, a;\n"
-                    "setp.ne.b32 q, %5, 0;\n"
-                    "setp.ne.and.b32 d, %6, 0, q;\n"
-                    "setp.eq.and.b32 a, %6, 0, q;\n"
-                    "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                    "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                if constexpr (SA90_BWD_RED_EVICT_LAST != 0) {
+                    asm volatile(
+                        "{\n.reg .pred q, d, a;\n"
+                        "setp.ne.b32 q, %5, 0;\n"
+                        "setp.ne.and.b32 d, %6, 0, q;\n"
+                        "setp.eq.and.b32 a, %6, 0, q;\n"
+                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                        "@a red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %7;\n}\n" ::"l"(ptr),
+                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)), "l"(red_policy) : "memory");
+                } else {
+                    asm volatile(
+                        "{\n.reg .pred q, d, a;\n"
+                        "setp.ne.b32 q, %5, 0;\n"
+                        "setp.ne.and.b32 d, %6, 0, q;\n"
+                        "setp.eq.and.b32 a, %6, 0, q;\n"
+                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                        "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                }
             }
         }
     }
@@ -265,7 +300,9 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
 // rows r0, r1; on0 / on1: valid slots). The quad's four lanes hold a key row's 64 columns:
 // its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
 // fp16 (32 contiguous bytes) and lane 0 the scale.
-__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
+// `first`: the CTA's first pair (SA90_BWD_PDL: wait for the previous grid before storing).
+__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4, bool first) {
+    if (first) pdl_wait();
     unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
     float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll
@@ -335,6 +372,7 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
+    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 do_base = smem_u32(smem + kDoOff);
@@ -556,7 +594,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     wgmma_wait<0>();
                     fence_regs(acc);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4);
+                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4, it == 0);
                     } else {
                         flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
@@ -626,7 +664,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 } else {
                     fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
+                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4, it == 0);
                     } else {
                         flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
                     }
@@ -637,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
             if constexpr (SA90_BWD_DET_F16) {
-                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4);
+                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4, it == 0);
             } else {
                 flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
             }
@@ -645,6 +683,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
     if (cw == 0 && n_iters > 0) named_sync(kBarTilesFree, 256);
+    pdl_wait();  // SA90_BWD_PDL: every CTA waits for the previous grid before it ends
 
     // Whether the row has a valid slot (consumer 1's flush rows cover all 64 keys of every
     // pair).
