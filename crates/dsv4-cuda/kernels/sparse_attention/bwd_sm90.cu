@@ -244,6 +244,11 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 #ifndef SA90_BWD_RED_EVICT_LAST
 #define SA90_BWD_RED_EVICT_LAST 0
 #endif
+#if SA90_BWD_RED_EVICT_LAST
+#define SA90_BWD_RED_V4 "red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %7;"
+#else
+#define SA90_BWD_RED_V4 "red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+#endif
 template <int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
     [[maybe_unused]] u64 red_policy = 0;
@@ -271,25 +276,14 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
                 const u32 on = k ? on_b[rr] : on_a[rr];
                 // Predicated in the PTX rather than under an `if`: with a divergent branch
                 // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                if constexpr (SA90_BWD_RED_EVICT_LAST != 0) {
-                    asm volatile(
-                        "{\n.reg .pred q, d, a;\n"
-                        "setp.ne.b32 q, %5, 0;\n"
-                        "setp.ne.and.b32 d, %6, 0, q;\n"
-                        "setp.eq.and.b32 a, %6, 0, q;\n"
-                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                        "@a red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %7;\n}\n" ::"l"(ptr),
-                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)), "l"(red_policy) : "memory");
-                } else {
-                    asm volatile(
-                        "{\n.reg .pred q, d, a;\n"
-                        "setp.ne.b32 q, %5, 0;\n"
-                        "setp.ne.and.b32 d, %6, 0, q;\n"
-                        "setp.eq.and.b32 a, %6, 0, q;\n"
-                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                        "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
-                }
+                asm volatile(
+                    "{\n.reg .pred q, d, a;\n"
+                    "setp.ne.b32 q, %5, 0;\n"
+                    "setp.ne.and.b32 d, %6, 0, q;\n"
+                    "setp.eq.and.b32 a, %6, 0, q;\n"
+                    "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                    "@a " SA90_BWD_RED_V4 "\n}\n" ::"l"(ptr),
+                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)), "l"(red_policy) : "memory");
             }
         }
     }
