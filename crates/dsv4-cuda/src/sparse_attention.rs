@@ -780,12 +780,16 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     .filter(|d| d.fits(&src, g, rows, w.n_rb, w.rows_per_rb)),
                 _ => None,
             };
-            let own = match kept {
-                Some(_) => None,
-                None => Some(InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb)?),
+            let own;
+            let bufs: &InvIndex = match &kept {
+                Some(d) => d,
+                None => {
+                    own = InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb)?;
+                    &own
+                }
             };
-            kept.as_deref().or(own.as_ref()).expect("an index: kept or own").point(&mut ip);
-            if index && w.global && own.is_some() {
+            bufs.point(&mut ip);
+            if index && w.global && kept.is_none() {
                 build_index(&mut ip, 0, rows, w.rows_per_rb, w.n_rb)?;
             }
             let mut r0 = 0;
