@@ -595,17 +595,22 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // The Hopper kernel stores the deterministic contributions in 16 bits (fp16 per
     // 64-column chunk with an f32 scale: bwd_sm90.cu, SA90_BWD_DET_F16); DSV4_EXTRA_DEFINES
     // SA90_BWD_DET_F16=0 keeps f32 rows (to compare).
-    let compact = hopper && crate::runtime::extra_define("SA90_BWD_DET_F16").is_none_or(|v| v != "0");
+    let format = ContribFormat::of_backward(hopper);
+    let compact = format != ContribFormat::F32;
     // DSV4_SA_DET_WAVE_INDEX=1 (to compare) builds the inverted index per wave, not once.
     let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
-    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, compact, !wave_index);
+    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index);
     // DSV4_SA_DET_PDL=1 (staged in v22, not yet run on a GPU): the Hopper deterministic
     // waves after the first and their reduces launched as programmatic dependents (each
     // starts while the previous kernel's last CTAs run; bwd_sm90.cu SA90_BWD_PDL,
     // bwd_reduce.cu SA_REDUCE_PDL say what each waits for).
     let pdl = deterministic && compact && waves.global && std::env::var("DSV4_SA_DET_PDL").as_deref() == Ok("1");
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
-        let need = if compact { "T*(n_head_blocks*(2*D + D/16) + 4)" } else { "T*(n_head_blocks*D + 1)*4" };
+        let need = match format {
+            ContribFormat::F32 => "T*(n_head_blocks*D + 1)*4",
+            ContribFormat::F16Scaled => "T*(n_head_blocks*(2*D + D/16) + 4)",
+            ContribFormat::Bf16 => "T*(n_head_blocks*2*D + 4)",
+        };
         return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least {need} = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
     }
     let rows = dm.b * dm.s;
@@ -712,7 +717,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             let w = waves;
             let g = dm.b * dm.k;
             let index = g > 0 && src.t > 0;
-            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * contrib_bytes(dp, compact))?;
+            let contrib = gpu.scratch(w.wave_rows * src.t * n_hblk * format.bytes(dp))?;
             let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
             let (count, scan_rb, scan_keys, fill) = (kern("sparse_attn_inv_count")?, kern("sparse_attn_inv_scan_rb")?, kern("sparse_attn_inv_scan_keys")?, kern("sparse_attn_inv_fill")?);
             // (sparse_attn_inv_reduce_f16: SA_REDUCE_GROUPS groups (default 4, a knob of
@@ -808,8 +813,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // SAFETY: as the atomic launch, except that CTA i owns row r0 + i / n_hblk
                 // (< B*S) and head block i % n_hblk, and stores its valid slots' dkv rows to
                 // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows;
-                // compact: [n, T, n_hblk, dp] fp16 then [n, T, n_hblk, dp/64] f32 scales,
-                // within the wave_rows-sized buffer as n <= wave_rows).
+                // compact: [n, T, n_hblk, dp] fp16 then [n, T, n_hblk, dp/64] f32 scales, or
+                // bf16 alone; within the wave_rows-sized buffer as n <= wave_rows).
                 // Hopper: CTA (x, y) owns row r0 + x and head block y < n_hblk. PDL: its
                 // consumers wait for the previous wave's reduce before their first store
                 // (SA90_BWD_PDL); the first wave waits for everything before it.
@@ -938,7 +943,7 @@ pub fn bwd_head_blocks(hopper: bool, tiles: &Tiles, h: usize) -> usize {
 
 /// How the deterministic backward splits its rows: waves of `wave_rows` consecutive rows
 /// (B*S order), whose per-slot dkv contributions (`T * n_hblk` contributions a row,
-/// [`contrib_bytes`] each) fit `backward_workspace_bytes` with the inverted index (`T` i32
+/// [`ContribFormat::bytes`] each) fit `backward_workspace_bytes` with the inverted index (`T` i32
 /// entries a row and `[n_rb, B*K]` i32 block counts). `global`: one index for all rows in
 /// `n_rb` blocks of `rows_per_rb` rows, built before the waves (each wave a run of whole
 /// blocks), when it takes at most a quarter of the workspace and its entry ids fit in
@@ -953,23 +958,46 @@ pub struct DeterministicWaves {
     pub rows_per_rb: usize,
 }
 
-/// Bytes of one slot's dkv contribution (one head block) at kernel head dim `dp`: f32
-/// values, or (`compact`, the Hopper kernel's) fp16 values and an f32 scale per 64 columns.
-fn contrib_bytes(dp: usize, compact: bool) -> usize {
-    if compact {
-        2 * dp + 4 * (dp / 64)
-    } else {
-        4 * dp
+/// How the deterministic backward stores each slot's dkv contribution (one head block):
+/// f32 values (the portable kernel; the Hopper one with SA90_BWD_DET_F16=0), fp16 values
+/// and an f32 scale per 64 columns (the Hopper kernel's default), or bf16 values alone
+/// (SA90_BWD_DET_BF16=1, staged in v22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContribFormat {
+    F32,
+    F16Scaled,
+    Bf16,
+}
+
+impl ContribFormat {
+    /// The format of the backward that runs (`hopper`: bwd_sm90.cu): its default, or what
+    /// DSV4_EXTRA_DEFINES asks for (SA90_BWD_DET_F16=0: f32; SA90_BWD_DET_BF16=1: bf16).
+    pub fn of_backward(hopper: bool) -> Self {
+        if !hopper || crate::runtime::extra_define("SA90_BWD_DET_F16") == Some("0") {
+            ContribFormat::F32
+        } else if crate::runtime::extra_define("SA90_BWD_DET_BF16") == Some("1") {
+            ContribFormat::Bf16
+        } else {
+            ContribFormat::F16Scaled
+        }
+    }
+
+    /// Bytes of one contribution at kernel head dim `dp`.
+    pub fn bytes(self, dp: usize) -> usize {
+        match self {
+            ContribFormat::F32 => 4 * dp,
+            ContribFormat::F16Scaled => 2 * dp + 4 * (dp / 64),
+            ContribFormat::Bf16 => 2 * dp,
+        }
     }
 }
 
 impl DeterministicWaves {
-    /// `compact`: the Hopper kernel's 16-bit contributions (fp16 values and an f32 scale per
-    /// 64 columns) instead of f32 rows. `global`: the global index allowed (false: an
-    /// index per wave, to compare).
-    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, compact: bool, global: bool) -> Self {
+    /// `format`: how a contribution is stored. `global`: the global index allowed (false:
+    /// an index per wave, to compare).
+    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool) -> Self {
         let rows = dm.b * dm.s;
-        let slot_bytes = n_hblk * contrib_bytes(kernel_d(dm.d), compact);
+        let slot_bytes = n_hblk * format.bytes(kernel_d(dm.d));
         // a row: T slots of n_hblk contributions and one i32 index entry
         let row_bytes = t * (slot_bytes + 4);
         let g = (dm.b * dm.k).max(1);
@@ -1093,18 +1121,18 @@ mod tests {
         let dm = Dims { b: 2, s: 1024, h: 64, d: 512, k: 1280, t: 640 };
         let (rows, g) = (2048usize, 2 * 1280);
         // An index per wave (the global one not allowed).
-        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, false, false);
+        let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::F32, false);
         assert_eq!(w.row_bytes, 640 * (2 * 512 + 1) * 4);
         assert_eq!((w.wave_rows, w.global), ((2usize << 30) / w.row_bytes, false));
         assert!(w.n_rb >= 1 && w.n_rb <= 4 * 132);
-        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, false, true);
+        let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, ContribFormat::F32, true);
         assert_eq!((small.wave_rows, small.global), (3, false), "the global index takes more than a quarter of this workspace");
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1, false, true).wave_rows, 0);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes - 1, ContribFormat::F32, true).wave_rows, 0);
         // No slots: every row in one wave.
-        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1, false, true).wave_rows, 2048);
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, 0, 2, 1, ContribFormat::F32, true).wave_rows, 2048);
         // The global index: waves of whole row blocks, contributions and index within the workspace.
         for ws in [2usize << 30, 256 << 20, 64 << 20] {
-            let gw = DeterministicWaves::for_sizes(132, dm, dm.t, 2, ws, false, true);
+            let gw = DeterministicWaves::for_sizes(132, dm, dm.t, 2, ws, ContribFormat::F32, true);
             assert!(gw.global, "{ws}: {gw:?}");
             assert_eq!(gw.n_rb, rows.div_ceil(gw.rows_per_rb));
             assert!(gw.n_rb <= 4 * 132);
@@ -1116,9 +1144,11 @@ mod tests {
         }
         // The Hopper kernel's 16-bit contributions: fp16 values and an f32 scale per 64
         // columns, and the T entries, about half the f32 rows.
-        let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, true, false);
+        let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::F16Scaled, false);
         assert_eq!(c.row_bytes, 640 * (2 * (2 * 512 + 512 / 16) + 4));
         assert!(c.wave_rows > 19 * w.wave_rows / 10);
+        // bf16 values alone (staged): 2 bytes a value and the entry.
+        assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::Bf16, false).row_bytes, 640 * (2 * 2 * 512 + 4));
     }
 
     #[test]
@@ -1133,8 +1163,8 @@ mod tests {
         // Fewer head blocks: a row's contributions are smaller, so more rows fit a wave.
         let dm = Dims { b: 1, s: 4096, h: 64, d: 512, k: 5120, t: 640 };
         let ws = 64 << 20;
-        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws, false, true);
-        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws, false, true);
+        let hop = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(true, &t, dm.h), ws, ContribFormat::F32, true);
+        let port = DeterministicWaves::for_sizes(132, dm, dm.t, bwd_head_blocks(false, &t, dm.h), ws, ContribFormat::F32, true);
         assert_eq!(hop.row_bytes, 640 * (512 + 1) * 4);
         assert!(hop.wave_rows > port.wave_rows);
         // The shared-memory layout fits an H100/H200 block.

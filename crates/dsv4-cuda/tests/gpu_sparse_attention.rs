@@ -426,8 +426,9 @@ fn small_hopper_backward_d512() {
         let tiles = choose_tiles(Pass::Bwd, 512, c.h, gpu.props().max_shared_per_block_optin as usize).unwrap();
         let hopper = use_hopper_bwd(gpu, 512, false);
         let n_hblk = bwd_head_blocks(hopper, &tiles, c.h);
-        // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns.
-        let one_row = if hopper { c.t * (n_hblk * (2 * 512 + 512 / 16) + 4) } else { c.t * (n_hblk * 512 + 1) * 4 };
+        // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns (or as
+        // DSV4_EXTRA_DEFINES asks), and an i32 index entry.
+        let one_row = c.t * (n_hblk * dsv4_cuda::sparse_attention::ContribFormat::of_backward(hopper).bytes(512) + 4);
         // 3 rows' room: the inverted index built once for all rows, waves of whole row blocks.
         let mut js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row], 4);
         // Through a plan: its first deterministic backward builds the index for all rows and

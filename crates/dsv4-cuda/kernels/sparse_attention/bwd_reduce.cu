@@ -13,6 +13,7 @@
 // dsv4-test-defines: SA_REDUCE_STAGE=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=2
 // dsv4-test-defines: SA_REDUCE_PDL=1
+// dsv4-test-defines: SA90_BWD_DET_BF16=1
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -195,15 +196,32 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA_REDUCE_STAGE
 #define SA_REDUCE_STAGE 4
 #endif
-// sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc.
+// SA90_BWD_DET_BF16=1 (bwd_sm90.cu's, staged): the rows are bf16 values without scales.
+#ifndef SA90_BWD_DET_BF16
+#define SA90_BWD_DET_BF16 0
+#endif
+// sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc (bf16: the values alone).
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        float x, y;
-        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
-        sum[2 * k] = fmaf(x, sc, sum[2 * k]);
-        sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
+        if constexpr (SA90_BWD_DET_BF16 != 0) {
+            sum[2 * k] += __uint_as_float(w[k] << 16);
+            sum[2 * k + 1] += __uint_as_float(w[k] & 0xffff0000u);
+        } else {
+            float x, y;
+            asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
+            sum[2 * k] = fmaf(x, sc, sum[2 * k]);
+            sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
+        }
+    }
+}
+// The scale of a contribution chunk (1 for bf16 rows: no scales stored).
+__device__ __forceinline__ float chunk_scale(const float* scales, i64 i) {
+    if constexpr (SA90_BWD_DET_BF16 != 0) {
+        return 1.0f;
+    } else {
+        return scales[i];
     }
 }
 // SA_REDUCE_PDL=1 (the launcher's, with DSV4_SA_DET_PDL=1: this kernel launched as a
@@ -247,14 +265,14 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
                     for (int u = 0; u < kN; ++u) {
                         const i64 e = ids[i + u * kReduceGroups];
                         v[u] = *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd);
-                        sc[u] = scales[e * chunks + ch];
+                        sc[u] = chunk_scale(scales, e * chunks + ch);
                     }
 #pragma unroll
                     for (int u = 0; u < kN; ++u) add_f16_unit(sum, v[u], sc[u]);
                 }
                 for (; i < cn; i += kReduceGroups) {
                     const i64 e = ids[i];
-                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd), scales[e * chunks + ch]);
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd), chunk_scale(scales, e * chunks + ch));
                 }
             }
         } else {
@@ -262,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             for (int e = lo + grp; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
                 const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
                 for (int hb = 0; hb < p.n_hblk; ++hb) {
-                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), scales[(base + hb) * chunks + ch]);
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), chunk_scale(scales, (base + hb) * chunks + ch));
                 }
             }
         }
