@@ -120,6 +120,13 @@ struct SlotSource {
 #ifndef SA90_BWD_KV_EVICT_LAST
 #define SA90_BWD_KV_EVICT_LAST 0
 #endif
+__device__ __forceinline__ void bwd_kv_copy16(u32 dst, const void* src, bool valid, u64 policy) {
+    if constexpr (SA90_BWD_KV_EVICT_LAST != 0) {
+        kv_copy16_policy(dst, src, valid, policy);
+    } else {
+        kv_copy16(dst, src, valid);
+    }
+}
 template <int NBUF>
 __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
     const int j = wtid % 8, r_base = wtid / 8;
@@ -152,13 +159,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
 #pragma unroll
             for (int gg = 0; gg < 8; ++gg)
-                if constexpr (DSV4_SA90_BWD_DIAG != 1) {
-                    if constexpr (SA90_BWD_KV_EVICT_LAST != 0) {
-                        kv_copy16_policy(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
-                    } else {
-                        kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0);
-                    }
-                }
+                if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
         }
         producer_handoff(ready_bar + buf);
     }
