@@ -41,7 +41,13 @@ class SparseIndexPlan:
     ``valid_rows``. Using a plan with another backend is an error.
 
     ``indices``, ``topk_length`` and ``valid_rows`` are host copies for inspection (torch
-    tensors when the plan was made from a torch tensor, else numpy arrays)."""
+    tensors when the plan was made from a torch tensor, else numpy arrays).
+
+    With the CUDA backend, the plan's first deterministic backward also builds the inverted
+    index that backward needs (key -> its (row, slot) entries) and the plan keeps it, so the
+    later deterministic backwards of every layer sharing the plan skip that work; it holds
+    4 bytes a slot plus per-row-block counts (84 MB at 16,384 rows, 640 slots) until the
+    plan is freed."""
 
     def __init__(self, native, as_torch: bool):
         self._native = native
