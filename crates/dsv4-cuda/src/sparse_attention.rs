@@ -600,11 +600,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // DSV4_SA_DET_WAVE_INDEX=1 (to compare) builds the inverted index per wave, not once.
     let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
     let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index);
-    // DSV4_SA_DET_PDL=1 (staged in v22, not yet run on a GPU): the Hopper deterministic
-    // waves after the first and their reduces launched as programmatic dependents (each
-    // starts while the previous kernel's last CTAs run; bwd_sm90.cu SA90_BWD_PDL,
-    // bwd_reduce.cu SA_REDUCE_PDL say what each waits for).
-    let pdl = deterministic && compact && waves.global && std::env::var("DSV4_SA_DET_PDL").as_deref() == Ok("1");
+    // DSV4_EXTRA_DEFINES SA90_BWD_PDL=1 (staged in v22, not yet run on a GPU): the Hopper
+    // deterministic waves after the first and their reduces launched as programmatic
+    // dependents (each starts while the previous kernel's last CTAs run; bwd_sm90.cu and
+    // bwd_reduce.cu, compiled with the same define, say what each waits for).
+    let pdl = deterministic && compact && waves.global && crate::runtime::extra_define("SA90_BWD_PDL") == Some("1");
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
         let need = match format {
             ContribFormat::F32 => "T*(n_head_blocks*D + 1)*4",
@@ -642,11 +642,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or(det_default);
             let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
             let f16 = if deterministic && compact { "1" } else { "0" };
-            let mut defs = vec![("SA90_BWD_C0_CHUNKS", c0_chunks.to_string()), ("SA90_BWD_DET_F16", f16.to_string())];
-            if pdl {
-                defs.push(("SA90_BWD_PDL", "1".to_string()));
-            }
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &defs)?, [384u32, 1, 1])
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into())])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };
@@ -723,8 +719,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // (sparse_attn_inv_reduce_f16: SA_REDUCE_GROUPS groups (default 4, a knob of
             // DSV4_EXTRA_DEFINES: 1..=8) of dp/8 = 64 threads a key)
             let groups = crate::runtime::extra_define("SA_REDUCE_GROUPS").and_then(|v| v.parse::<usize>().ok()).filter(|v| (1..=8).contains(v)).unwrap_or(4);
-            let reduce_f16 = if pdl { gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_inv_reduce_f16", &[("SA_REDUCE_PDL", "1".to_string())]) } else { kern("sparse_attn_inv_reduce_f16") };
-            let (reduce, reduce_threads) = if compact { (reduce_f16?, groups * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
+            let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, groups * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
             let mut ip = InvIndexParams {
                 idx: src.ptr,
                 row_len: src.row_len,
@@ -831,7 +826,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     // of `contrib` written by the main kernel (every valid slot of the wave's
                     // rows, every head block; compact: the layout of that kernel's n rows);
                     // acc is [G, dp] f32; dp/4 <= 128 threads (compact: groups <= 8 of dp/8 =
-                    // 64, dp = 512). PDL: it waits for the main kernel first (SA_REDUCE_PDL).
+                    // 64, dp = 512). PDL: it waits for the main kernel first (SA90_BWD_PDL).
                     let rgrid = [g.min(1 << 30) as u32, 1, 1];
                     if pdl {
                         unsafe { reduce.launch_dependent(rgrid, [reduce_threads as u32, 1, 1], 0, &ip)? };

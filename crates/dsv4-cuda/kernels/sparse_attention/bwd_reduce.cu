@@ -12,7 +12,7 @@
 // dsv4-test-defines: SA_REDUCE_STAGE=8
 // dsv4-test-defines: SA_REDUCE_STAGE=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=2
-// dsv4-test-defines: SA_REDUCE_PDL=1
+// dsv4-test-defines: SA90_BWD_PDL=1
 // dsv4-test-defines: SA90_BWD_DET_BF16=1
 
 #include "common.cuh"
@@ -224,18 +224,18 @@ __device__ __forceinline__ float chunk_scale(const float* scales, i64 i) {
         return scales[i];
     }
 }
-// SA_REDUCE_PDL=1 (the launcher's, with DSV4_SA_DET_PDL=1: this kernel launched as a
-// programmatic dependent of its wave's main kernel, and the next wave's main kernel as a
-// dependent of it): signal the next grid at the start, then wait for the main kernel
-// before reading anything. Staged in v22, not yet run on a GPU.
-#ifndef SA_REDUCE_PDL
-#define SA_REDUCE_PDL 0
+// SA90_BWD_PDL=1 (bwd_sm90.cu's, through DSV4_EXTRA_DEFINES: the launcher then launches this
+// kernel as a programmatic dependent of its wave's main kernel, and the next wave's main
+// kernel as a dependent of it): signal the next grid at the start, then wait for the main
+// kernel before reading anything. Staged in v22, not yet run on a GPU.
+#ifndef SA90_BWD_PDL
+#define SA90_BWD_PDL 0
 #endif
 extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGroups) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
     __shared__ float part[kReduceGroups > 1 ? kReduceGroups - 1 : 1][64 * 8];
     __shared__ int ids[64 * kReduceGroups];
-#if __CUDA_ARCH__ >= 900  // (the launcher sets SA_REDUCE_PDL on sm_90a only)
-    if constexpr (SA_REDUCE_PDL != 0) asm volatile("griddepcontrol.launch_dependents;\ngriddepcontrol.wait;\n" ::: "memory");
+#if __CUDA_ARCH__ >= 900  // (dependent launches happen on sm_90a only)
+    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.launch_dependents;\ngriddepcontrol.wait;\n" ::: "memory");
 #endif
     const int lanes = p.D / 8;  // threads of a group (64 at D = 512)
     const int t = threadIdx.x % lanes, grp = threadIdx.x / lanes;

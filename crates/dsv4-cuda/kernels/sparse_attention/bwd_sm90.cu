@@ -128,9 +128,10 @@ using dsv4::sa::slot_key;
 #define SA90_BWD_DET_LINES SA90_BWD_DET_SECTORS
 #endif
 static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
-// SA90_BWD_PDL=1 (deterministic mode; the launcher sets it with DSV4_SA_DET_PDL=1 and
-// launches waves after the first as programmatic dependents of the previous wave's
-// reduce, whose contributions buffer they overwrite): every thread signals
+// SA90_BWD_PDL=1 (through DSV4_EXTRA_DEFINES; bwd_reduce.cu reads it too; in the
+// deterministic mode the launcher then launches waves after the first as programmatic
+// dependents of the previous wave's reduce, whose contributions buffer they overwrite;
+// without such a launch the waits return at once): every thread signals
 // griddepcontrol.launch_dependents at the start (the wave's reduce may start during this
 // wave's last CTAs), and the consumers wait (griddepcontrol.wait) for the previous grid
 // before their first 16-bit store and, all of them, after their loop (so that this grid's
