@@ -631,37 +631,12 @@ impl Kernel {
         unsafe { self.launch_args(grid, block, shared_bytes, &mut [params as *const P as *mut c_void, second as *const Q as *mut c_void]) }
     }
 
-    /// [`launch`](Self::launch) as a programmatic dependent launch (PDL, sm_90+): the
-    /// kernel may start while the stream's previous kernel is still running (once every
-    /// CTA of that one has started or executed `griddepcontrol.launch_dependents`). Its
-    /// threads must execute `griddepcontrol.wait` before they read or overwrite anything
-    /// the previous kernel touches, and each of its CTAs at least once before it exits
-    /// (so that this kernel's completion implies the previous one's, for the kernels
-    /// after it).
-    ///
-    /// # Safety
-    /// As `launch`, and the kernel keeps the rule above.
-    pub unsafe fn launch_dependent<P: Copy>(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, params: &P) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.launch_inner(grid, block, shared_bytes, &mut [params as *const P as *mut c_void], true) }
-    }
-
     /// The launch itself: `args` holds one pointer per kernel parameter, each to a value
     /// of that parameter's type that lives for the call (the driver copies them).
     ///
     /// # Safety
     /// As `launch` / `launch2`, for every pointer of `args`.
     unsafe fn launch_args(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, args: &mut [*mut c_void]) -> Result<()> {
-        // SAFETY: the caller's promise.
-        unsafe { self.launch_inner(grid, block, shared_bytes, args, false) }
-    }
-
-    /// `launch_args`, or (`dependent`) the same through cuLaunchKernelEx with programmatic
-    /// stream serialization allowed.
-    ///
-    /// # Safety
-    /// As `launch_args` (and `launch_dependent` when `dependent`).
-    unsafe fn launch_inner(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, args: &mut [*mut c_void], dependent: bool) -> Result<()> {
         let k = &self.inner;
         let gpu = k.gpu;
         gpu.bind()?;
@@ -678,31 +653,8 @@ impl Kernel {
                 *set = shared_bytes;
             }
         }
-        let launched = if dependent {
-            // SAFETY: a zeroed attribute is a valid value of the C union; the id selects
-            // the member set below.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: grid[0],
-                gridDimY: grid[1],
-                gridDimZ: grid[2],
-                blockDimX: block[0],
-                blockDimY: block[1],
-                blockDimZ: block[2],
-                sharedMemBytes: shared_bytes,
-                hStream: gpu.stream_raw() as sys::CUstream,
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            // SAFETY: cfg and attr live for the call; args as for cuLaunchKernel (the
-            // caller's promise); no `extra`.
-            unsafe { sys::cuLaunchKernelEx(&cfg, k.func, args.as_mut_ptr(), std::ptr::null_mut()) }.result()
-        } else {
-            cu::launch_kernel(k.func, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared_bytes, gpu.stream_raw() as sys::CUstream, args)
-        };
-        launched.map_err(|e| Error::Cuda(format!("launching {} (grid {grid:?}, block {block:?}, {shared_bytes} B shared{}): {e:?}", k.name, if dependent { ", dependent" } else { "" })))
+        cu::launch_kernel(k.func, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared_bytes, gpu.stream_raw() as sys::CUstream, args)
+            .map_err(|e| Error::Cuda(format!("launching {} (grid {grid:?}, block {block:?}, {shared_bytes} B shared): {e:?}", k.name)))
     }
 }
 

@@ -115,7 +115,7 @@ pub struct BwdParams {
     pub deterministic: i32,
     pub all_rows_nonempty: i32,
     pub sm_scale: f32,
-    pub pad_: i32,
+    pub rows_desc: i32, // bwd_sm90.cu: launch row v is row B*S - 1 - v
 }
 
 /// Mirrors `SparseAttnInvIndexParams`.
@@ -147,6 +147,8 @@ pub struct InvIndexParams {
     pub entry_base: i64, // reduce: entry id of the wave's first contribution
     pub rb_lo: i32,      // reduce: the wave's row blocks of the index
     pub rb_hi: i32,
+    pub rows_desc: i32,  // the main kernel's BwdParams::rows_desc: launch row v is row rows_total - 1 - v
+    pub rows_total: i32, // B*S
 }
 
 /// Mirrors `SparseAttnConvertParams`.
@@ -211,7 +213,7 @@ pub struct PackParams {
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
 const _: () = assert!(size_of::<BwdParams>() == 296);
-const _: () = assert!(size_of::<InvIndexParams>() == 152);
+const _: () = assert!(size_of::<InvIndexParams>() == 160);
 const _: () = assert!(size_of::<ConvertParams>() == 32);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
@@ -599,12 +601,17 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let compact = format != ContribFormat::F32;
     // DSV4_SA_DET_WAVE_INDEX=1 (to compare) builds the inverted index per wave, not once.
     let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
-    let waves = DeterministicWaves::for_sizes(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index);
-    // DSV4_EXTRA_DEFINES SA90_BWD_PDL=1 (staged in v22, not yet run on a GPU): the Hopper
-    // deterministic waves after the first and their reduces launched as programmatic
-    // dependents (each starts while the previous kernel's last CTAs run; bwd_sm90.cu and
-    // bwd_reduce.cu, compiled with the same define, say what each waits for).
-    let pdl = deterministic && compact && waves.global && crate::runtime::extra_define("SA90_BWD_PDL") == Some("1");
+    // DSV4_SA_DET_ROUNDS=0 (to compare): waves not cut to whole rounds of CTAs.
+    let rounds = std::env::var("DSV4_SA_DET_ROUNDS").as_deref() != Ok("0");
+    let waves = DeterministicWaves::with_rounds(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index, rounds);
+    // The deterministic Hopper backward takes the rows from the last to the first
+    // (bwd_sm90.cu, rows_desc): its waves run from the last rows down, so the short
+    // remainder wave is a causal selection's cheap first rows (v23, H200, both with waves
+    // of whole rounds: S=4096 2.527-2.528 -> 2.508-2.509 ms, S=16384 11.41-11.42 ->
+    // 11.38-11.42). The atomic one keeps B*S order (descending: 1.936-1.941 against
+    // 1.891-1.894 ms at S=4096). DSV4_EXTRA_DEFINES SA90_BWD_ROWS_DESC=0 keeps B*S order in
+    // the deterministic mode too (to compare).
+    let rows_desc = hopper && deterministic && crate::runtime::extra_define("SA90_BWD_ROWS_DESC") != Some("0");
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
         let need = match format {
             ContribFormat::F32 => "T*(n_head_blocks*D + 1)*4",
@@ -690,7 +697,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             deterministic: deterministic as i32,
             all_rows_nonempty: f.all_rows_nonempty as i32,
             sm_scale: f.sm_scale,
-            pad_: 0,
+            rows_desc: rows_desc as i32,
         };
         let chunks = dm.b * n_hblk * dm.s;
         if chunks > i32::MAX as usize {
@@ -704,7 +711,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // zeroed [B,K,D] f32 accumulator and `dsinks_part` [B*S,H] f32, both live
             // until the end of this function (stream-ordered frees); chunk c covers
             // exactly one row, c < B*n_hblk*S = the grid. Hopper: CTA (x, y) owns row x < B*S
-            // (chunk_base = 0) and heads [64y, 64y + 64), y < n_hblk = ceil(H/64).
+            // (chunk_base = 0; B*S - 1 - x with rows_desc) and heads [64y, 64y + 64), y <
+            // n_hblk = ceil(H/64).
             unsafe { k.launch(grid, block, smem as u32, &p)? };
         } else {
             // Waves of rows: the main kernel stores each valid slot's dkv contribution, an
@@ -746,6 +754,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 entry_base: 0,
                 rb_lo: 0,
                 rb_hi: 0,
+                rows_desc: rows_desc as i32,
+                rows_total: rows as i32,
             };
             // The index of rows [r0, r0 + n) in n_rb blocks of rows_per_rb rows, into the
             // buffers ip points to (an `InvIndex` of at least n rows and n_rb blocks).
@@ -772,19 +782,19 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 Some(pl) if index && w.global => pl
                     .derived
                     .get_or_try_init(|| -> Result<InvIndex> {
-                        let d = InvIndex::alloc(gpu, &src, g, rows, w.n_rb, w.rows_per_rb)?;
+                        let d = InvIndex::alloc(gpu, &src, g, rows, w.n_rb, w.rows_per_rb, rows_desc)?;
                         d.point(&mut ip);
                         build_index(&mut ip, 0, rows, w.rows_per_rb, w.n_rb)?;
                         Ok(d)
                     })?
-                    .filter(|d| d.fits(&src, g, rows, w.n_rb, w.rows_per_rb)),
+                    .filter(|d| d.fits(&src, g, rows, w.n_rb, w.rows_per_rb, rows_desc)),
                 _ => None,
             };
             let own;
             let bufs: &InvIndex = match &kept {
                 Some(d) => d,
                 None => {
-                    own = InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb)?;
+                    own = InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb, rows_desc)?;
                     &own
                 }
             };
@@ -810,14 +820,10 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // `contrib` ([wave_rows, T, n_hblk, dp] f32, local row < n <= wave_rows;
                 // compact: [n, T, n_hblk, dp] fp16 then [n, T, n_hblk, dp/64] f32 scales, or
                 // bf16 alone; within the wave_rows-sized buffer as n <= wave_rows).
-                // Hopper: CTA (x, y) owns row r0 + x and head block y < n_hblk. PDL: its
-                // consumers wait for the previous wave's reduce before their first store
-                // (SA90_BWD_PDL); the first wave waits for everything before it.
-                if pdl && r0 > 0 {
-                    unsafe { k.launch_dependent(grid, block, smem as u32, &p)? };
-                } else {
-                    unsafe { k.launch(grid, block, smem as u32, &p)? };
-                }
+                // Hopper: CTA (x, y) owns launch row r0 + x (row B*S - 1 - r0 - x with
+                // rows_desc; the index counts the same launch rows) and head block y <
+                // n_hblk.
+                unsafe { k.launch(grid, block, smem as u32, &p)? };
                 if index {
                     (ip.contrib, ip.n_rows) = (contrib.ptr(), n as i32);
                     // SAFETY: colptr/counts/entries as built above index, for rows [r0, r0 +
@@ -826,13 +832,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     // of `contrib` written by the main kernel (every valid slot of the wave's
                     // rows, every head block; compact: the layout of that kernel's n rows);
                     // acc is [G, dp] f32; dp/4 <= 128 threads (compact: groups <= 8 of dp/8 =
-                    // 64, dp = 512). PDL: it waits for the main kernel first (SA90_BWD_PDL).
-                    let rgrid = [g.min(1 << 30) as u32, 1, 1];
-                    if pdl {
-                        unsafe { reduce.launch_dependent(rgrid, [reduce_threads as u32, 1, 1], 0, &ip)? };
-                    } else {
-                        unsafe { reduce.launch(rgrid, [reduce_threads as u32, 1, 1], 0, &ip)? };
-                    }
+                    // 64, dp = 512).
+                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;
             }
@@ -879,13 +880,14 @@ struct InvIndex {
     t: usize,
     n_rb: usize,
     rows_per_rb: usize,
+    rows_desc: bool, // its rows numbered as the main kernel launches them (BwdParams::rows_desc)
     counts: Tensor,  // i32 [n_rb, G]: block ends after fill
     colptr: Tensor,  // i32 [G + 1]
     entries: Tensor, // i32 [rows * T]
 }
 
 impl InvIndex {
-    fn alloc(gpu: &Gpu, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize) -> Result<Self> {
+    fn alloc(gpu: &Gpu, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize, rows_desc: bool) -> Result<Self> {
         Ok(InvIndex {
             idx: src.ptr,
             row_len: src.row_len,
@@ -894,6 +896,7 @@ impl InvIndex {
             t: src.t,
             n_rb,
             rows_per_rb,
+            rows_desc,
             counts: gpu.alloc(DType::I32, &[(n_rb * g).max(1)])?,
             colptr: gpu.alloc(DType::I32, &[g + 1])?,
             entries: gpu.alloc(DType::I32, &[(rows * src.t).max(1)])?,
@@ -904,8 +907,8 @@ impl InvIndex {
         (ip.counts, ip.colptr, ip.entries) = (self.counts.view().address(), self.colptr.view().address(), self.entries.view().address());
     }
 
-    fn fits(&self, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize) -> bool {
-        (self.idx, self.row_len, self.t) == (src.ptr, src.row_len, src.t) && (self.g, self.rows, self.n_rb, self.rows_per_rb) == (g, rows, n_rb, rows_per_rb)
+    fn fits(&self, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize, rows_desc: bool) -> bool {
+        (self.idx, self.row_len, self.t) == (src.ptr, src.row_len, src.t) && (self.g, self.rows, self.n_rb, self.rows_per_rb, self.rows_desc) == (g, rows, n_rb, rows_per_rb, rows_desc)
     }
 }
 
@@ -936,8 +939,8 @@ pub fn bwd_head_blocks(hopper: bool, tiles: &Tiles, h: usize) -> usize {
     }
 }
 
-/// How the deterministic backward splits its rows: waves of `wave_rows` consecutive rows
-/// (B*S order), whose per-slot dkv contributions (`T * n_hblk` contributions a row,
+/// How the deterministic backward splits its rows: waves of `wave_rows` consecutive launch
+/// rows (B*S order, or its reverse: `BwdParams::rows_desc`), whose per-slot dkv contributions (`T * n_hblk` contributions a row,
 /// [`ContribFormat::bytes`] each) fit `backward_workspace_bytes` with the inverted index (`T` i32
 /// entries a row and `[n_rb, B*K]` i32 block counts). `global`: one index for all rows in
 /// `n_rb` blocks of `rows_per_rb` rows, built before the waves (each wave a run of whole
@@ -956,7 +959,7 @@ pub struct DeterministicWaves {
 /// How the deterministic backward stores each slot's dkv contribution (one head block):
 /// f32 values (the portable kernel; the Hopper one with SA90_BWD_DET_F16=0), fp16 values
 /// and an f32 scale per 64 columns (the Hopper kernel's default), or bf16 values alone
-/// (SA90_BWD_DET_BF16=1, staged in v22).
+/// (SA90_BWD_DET_BF16=1: measured in v23, 0-1 % faster for less precision).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ContribFormat {
     F32,
@@ -991,6 +994,12 @@ impl DeterministicWaves {
     /// `format`: how a contribution is stored. `global`: the global index allowed (false:
     /// an index per wave, to compare).
     pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool) -> Self {
+        Self::with_rounds(sm_count, dm, t, n_hblk, workspace, format, global, true)
+    }
+
+    /// `for_sizes`, with waves of whole rounds of CTAs or not (`rounds`: false to compare).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_rounds(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool, rounds: bool) -> Self {
         let rows = dm.b * dm.s;
         let slot_bytes = n_hblk * format.bytes(kernel_d(dm.d));
         // a row: T slots of n_hblk contributions and one i32 index entry
@@ -998,24 +1007,55 @@ impl DeterministicWaves {
         let g = (dm.b * dm.k).max(1);
         // Row blocks: enough warps to fill the device, and [n_rb, B*K] counters <= 256 MiB.
         let rb_cap = (4 * sm_count).min(((256usize << 20) / (4 * g)).max(1));
+        // Rows whose CTAs (n_hblk a row, one an SM: bwd_sm90.cu's shared memory) fill whole
+        // rounds of the device: a wave of a multiple of them has no last round of a few CTAs
+        // beside idle SMs (v23, H200 S=16384, 2 GiB: waves of 3,040 rows took 24 rounds of
+        // 132 CTAs each, of 3,036 rows 23; 11.68-11.72 -> 11.41-11.42 ms). A multiple is
+        // taken when it holds at least 3/4 of the rows that fit.
+        let round_rows = (sm_count / gcd(sm_count.max(1), n_hblk.max(1))).max(1);
+        let whole_rounds = |fit: usize, block: usize| -> usize {
+            if !rounds {
+                return 0;
+            }
+            let unit = block / gcd(block, round_rows) * round_rows;
+            let w = fit / unit * unit;
+            if 4 * w >= 3 * fit { w } else { 0 }
+        };
         if global && t > 0 && rows > 0 && rows * t <= i32::MAX as usize {
-            let rows_per_rb = rows.div_ceil(rb_cap.min(rows));
-            let n_rb = rows.div_ceil(rows_per_rb);
-            let index_bytes = rows * t * 4 + n_rb * g * 4 + (g + 1) * 4;
-            if index_bytes <= workspace / 4 {
-                let per = (workspace - index_bytes) / (t * slot_bytes);
-                let wave_rows = if per >= rows { rows } else { per / rows_per_rb * rows_per_rb };
+            // Rows a wave holds beside the index of blocks of `rows_per_rb` rows (None: the
+            // index takes more than a quarter of the workspace).
+            let fit = |rows_per_rb: usize| -> Option<usize> {
+                let n_rb = rows.div_ceil(rows_per_rb);
+                let index_bytes = rows * t * 4 + n_rb * g * 4 + (g + 1) * 4;
+                (index_bytes <= workspace / 4).then(|| (workspace - index_bytes) / (t * slot_bytes))
+            };
+            let least = rows.div_ceil(rb_cap.min(rows));
+            if let Some(per) = fit(least) {
+                let wave = |rows_per_rb: usize, wave_rows: usize| DeterministicWaves { row_bytes, wave_rows, n_rb: rows.div_ceil(rows_per_rb), global: true, rows_per_rb };
+                if per >= rows {
+                    return wave(least, rows);
+                }
+                // Block sizes least..=2 least (fewer blocks: still <= rb_cap): the one whose
+                // waves of whole rounds and whole blocks hold the most rows, else waves of
+                // whole blocks.
+                let aligned = (least..=2 * least).filter_map(|d| Some((whole_rounds(fit(d)? / d * d, d), d))).filter(|&(w, _)| w > 0).max_by_key(|&(w, d)| (w, std::cmp::Reverse(d)));
+                let (wave_rows, rows_per_rb) = aligned.unwrap_or((per / least * least, least));
                 if wave_rows > 0 {
-                    return DeterministicWaves { row_bytes, wave_rows, n_rb, global: true, rows_per_rb };
+                    return wave(rows_per_rb, wave_rows);
                 }
             }
         }
         // entry ids local * T + t stay below 2^31
         let id_cap = (i32::MAX as usize).checked_div(t).unwrap_or(rows);
-        let wave_rows = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
+        let fit = workspace.checked_div(row_bytes).map_or(rows, |w| w.min(rows).min(id_cap));
+        let wave_rows = if fit < rows { Some(whole_rounds(fit, 1)).filter(|&w| w > 0).unwrap_or(fit) } else { fit };
         let n_rb = rb_cap.clamp(1, wave_rows.max(1));
         DeterministicWaves { row_bytes, wave_rows, n_rb, global: false, rows_per_rb: 0 }
     }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1118,7 +1158,9 @@ mod tests {
         // An index per wave (the global one not allowed).
         let w = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::F32, false);
         assert_eq!(w.row_bytes, 640 * (2 * 512 + 1) * 4);
-        assert_eq!((w.wave_rows, w.global), ((2usize << 30) / w.row_bytes, false));
+        // (818 rows fit; two head blocks a row: 66 rows fill a round of 132 CTAs)
+        assert_eq!((2usize << 30) / w.row_bytes, 818);
+        assert_eq!((w.wave_rows, w.global), (792, false));
         assert!(w.n_rb >= 1 && w.n_rb <= 4 * 132);
         let small = DeterministicWaves::for_sizes(132, dm, dm.t, 2, w.row_bytes * 3, ContribFormat::F32, true);
         assert_eq!((small.wave_rows, small.global), (3, false), "the global index takes more than a quarter of this workspace");
@@ -1134,15 +1176,29 @@ mod tests {
             let index_bytes = rows * 640 * 4 + gw.n_rb * g * 4 + (g + 1) * 4;
             assert!(gw.wave_rows > 0 && (gw.wave_rows.is_multiple_of(gw.rows_per_rb) || gw.wave_rows == rows), "{gw:?}");
             assert!(gw.wave_rows * 640 * 2 * 512 * 4 + index_bytes <= ws, "{ws}: {gw:?}");
-            // no more than a block's rows left unused
-            assert!((gw.wave_rows + gw.rows_per_rb) * 640 * 2 * 512 * 4 + index_bytes > ws || gw.wave_rows == rows, "{ws}: {gw:?}");
+            // at least 3/4 of the rows that fit
+            assert!(4 * (gw.wave_rows + gw.rows_per_rb) * 640 * 2 * 512 * 4 + 4 * index_bytes > 3 * ws || gw.wave_rows == rows, "{ws}: {gw:?}");
         }
+        // The bench's shapes (H200: 132 SMs, one head block): waves of whole rounds of 132
+        // CTAs, in whole blocks of the global index.
+        for (s, k, want) in [(16384usize, 20480usize, 3036usize), (4096, 5120, 3036)] {
+            let dm = Dims { b: 1, s, h: 64, d: 512, k, t: 640 };
+            let w = DeterministicWaves::for_sizes(132, dm, 640, 1, 2 << 30, ContribFormat::F16Scaled, true);
+            assert!(w.global && w.wave_rows == want && want.is_multiple_of(w.rows_per_rb) && w.n_rb <= 4 * 132, "S={s}: {w:?}");
+            // 4 GiB: S=4096 in one wave
+            let big = DeterministicWaves::for_sizes(132, dm, 640, 1, 4 << 30, ContribFormat::F16Scaled, true);
+            assert!(big.wave_rows == s || big.wave_rows.is_multiple_of(132), "S={s}: {big:?}");
+        }
+        // Two head blocks a row: 66 rows fill a round.
+        let dm2 = Dims { b: 1, s: 16384, h: 128, d: 512, k: 20480, t: 640 };
+        let w2 = DeterministicWaves::for_sizes(132, dm2, 640, 2, 2 << 30, ContribFormat::F16Scaled, true);
+        assert!(w2.wave_rows.is_multiple_of(66) && w2.wave_rows.is_multiple_of(w2.rows_per_rb), "{w2:?}");
         // The Hopper kernel's 16-bit contributions: fp16 values and an f32 scale per 64
         // columns, and the T entries, about half the f32 rows.
         let c = DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::F16Scaled, false);
         assert_eq!(c.row_bytes, 640 * (2 * (2 * 512 + 512 / 16) + 4));
         assert!(c.wave_rows > 19 * w.wave_rows / 10);
-        // bf16 values alone (staged): 2 bytes a value and the entry.
+        // bf16 values alone (SA90_BWD_DET_BF16=1): 2 bytes a value and the entry.
         assert_eq!(DeterministicWaves::for_sizes(132, dm, dm.t, 2, 2 << 30, ContribFormat::Bf16, false).row_bytes, 640 * (2 * 2 * 512 + 4));
     }
 

@@ -12,7 +12,6 @@
 // dsv4-test-defines: SA_REDUCE_STAGE=8
 // dsv4-test-defines: SA_REDUCE_STAGE=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=2
-// dsv4-test-defines: SA90_BWD_PDL=1
 // dsv4-test-defines: SA90_BWD_DET_BF16=1
 
 #include "common.cuh"
@@ -32,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const Sp
     const int l0 = rb * p.rows_per_rb, l1 = min(p.n_rows, l0 + p.rows_per_rb);
     const i64 n = static_cast<i64>(max(0, l1 - l0)) * p.T;
     for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
-        const int row = p.row_base + l0 + static_cast<int>(i / p.T), t = static_cast<int>(i % p.T);
+        const int row = static_cast<int>(sa::launch_row(p.row_base + l0 + static_cast<int>(i / p.T), p.rows_total, p.rows_desc)), t = static_cast<int>(i % p.T);
         const int b = row / p.S, s = row % p.S;
         const int n_slots = sa::row_slots(p.row_len, row, p.T);
         const int key = sa::slot_key(p.idx, b * p.idx_sb + s * p.idx_ss, p.idx_st, p.idx_is_i64, b * p.idx_bias, n_slots, p.K, t, false);
@@ -96,15 +95,16 @@ extern "C" __global__ void __launch_bounds__(1024) sparse_attn_inv_scan_keys(con
 }
 
 // entries[colptr[g] + counts[rb][g] + (earlier slots of g in the block)] = local * T + t
-// (local = row - row_base), so each key's entries run in (row, slot) order; counts[rb][g]
-// ends at the end of block rb's entries of g. One warp per block walks its rows and their
-// slots in order, 32 slots at a time; lanes holding the same key take ranks in lane order.
+// (local = launch row - row_base: sa::launch_row), so each key's entries run in (launch
+// row, slot) order; counts[rb][g] ends at the end of block rb's entries of g. One warp per
+// block walks its rows and their slots in order, 32 slots at a time; lanes holding the same
+// key take ranks in lane order.
 extern "C" __global__ void __launch_bounds__(32) sparse_attn_inv_fill(const SparseAttnInvIndexParams p) {
     const int rb = blockIdx.x, lane = threadIdx.x;
     const int l0 = rb * p.rows_per_rb, l1 = min(p.n_rows, l0 + p.rows_per_rb);
     i32* cursor = p.counts + rb * p.G;
     for (int local = l0; local < l1; ++local) {
-        const int row = p.row_base + local;
+        const int row = static_cast<int>(sa::launch_row(p.row_base + local, p.rows_total, p.rows_desc));
         const int b = row / p.S, s = row % p.S;
         const int n_slots = sa::row_slots(p.row_len, row, p.T);
         for (int t0 = 0; t0 < n_slots; t0 += 32) {
@@ -224,19 +224,9 @@ __device__ __forceinline__ float chunk_scale(const float* scales, i64 i) {
         return scales[i];
     }
 }
-// SA90_BWD_PDL=1 (bwd_sm90.cu's, through DSV4_EXTRA_DEFINES: the launcher then launches this
-// kernel as a programmatic dependent of its wave's main kernel, and the next wave's main
-// kernel as a dependent of it): signal the next grid at the start, then wait for the main
-// kernel before reading anything. Staged in v22, not yet run on a GPU.
-#ifndef SA90_BWD_PDL
-#define SA90_BWD_PDL 0
-#endif
 extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGroups) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
     __shared__ float part[kReduceGroups > 1 ? kReduceGroups - 1 : 1][64 * 8];
     __shared__ int ids[64 * kReduceGroups];
-#if __CUDA_ARCH__ >= 900  // (dependent launches happen on sm_90a only)
-    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.launch_dependents;\ngriddepcontrol.wait;\n" ::: "memory");
-#endif
     const int lanes = p.D / 8;  // threads of a group (64 at D = 512)
     const int t = threadIdx.x % lanes, grp = threadIdx.x / lanes;
     const int chunks = p.D / 64;

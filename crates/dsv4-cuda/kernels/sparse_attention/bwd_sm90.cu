@@ -14,18 +14,19 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_RED_EVICT_LAST=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_PDL=1 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
-// P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: row =
-// chunk_base + blockIdx.x (deterministic: the wave's local row blockIdx.x), head block
-// blockIdx.y, n_hblk = gridDim.y. Three warpgroups:
+// P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: launch row
+// chunk_base + blockIdx.x (deterministic: the wave's local row blockIdx.x), which is row
+// B*S - 1 - (chunk_base + blockIdx.x) when p.rows_desc (the launcher's default in the
+// deterministic mode: its waves run from the last rows down, so the short remainder wave
+// holds a causal selection's cheap first rows), head block blockIdx.y, n_hblk = gridDim.y.
+// Three warpgroups:
 //   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier), then the row's
 //        slots in blocks of 32 keys gathered by cp.async into a ring of two 32 KiB buffers
 //        (one pair of blocks = the iteration's 64 keys; the rows are K and V at once: MQA),
@@ -128,26 +129,14 @@ using dsv4::sa::slot_key;
 #define SA90_BWD_DET_LINES SA90_BWD_DET_SECTORS
 #endif
 static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
-// SA90_BWD_PDL=1 (through DSV4_EXTRA_DEFINES; bwd_reduce.cu reads it too; in the
-// deterministic mode the launcher then launches waves after the first as programmatic
-// dependents of the previous wave's reduce, whose contributions buffer they overwrite;
-// without such a launch the waits return at once): every thread signals
-// griddepcontrol.launch_dependents at the start (the wave's reduce may start during this
-// wave's last CTAs), and the consumers wait (griddepcontrol.wait) for the previous grid
-// before their first 16-bit store and, all of them, after their loop (so that this grid's
-// completion implies the previous one's). Staged in v22, not yet run on a GPU.
-#ifndef SA90_BWD_PDL
-#define SA90_BWD_PDL 0
-#endif
-__device__ __forceinline__ void pdl_wait() {
-    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-// SA90_BWD_DET_BF16=1 (staged in v22, not yet run on a GPU; bwd_reduce.cu and the launcher
-// read the same define): the 16-bit rows as bf16 values alone, no max, no scale (2 D bytes
-// a contribution instead of 2 D + D / 16; the flush's max, shuffles, reciprocal and scale
-// stores gone). Error (scripts/sa_det_f16_emulate.py, v21): the summed dkv 1.7e-3 relative
-// Frobenius (fp16 with scales: 1.9e-4), the bf16 dkv returned 2.35e-3 (1.67e-3); SPEC's
-// bound 5e-3. 0 (default): fp16 with scales.
+// SA90_BWD_DET_BF16=1 (bwd_reduce.cu and the launcher read the same define): the 16-bit
+// rows as bf16 values alone, no max, no scale (2 D bytes a contribution instead of 2 D + D /
+// 16; the flush's max, shuffles, reciprocal and scale stores gone). Error
+// (scripts/sa_det_f16_emulate.py, v21): the summed dkv 1.7e-3 relative Frobenius (fp16
+// with scales: 1.9e-4), the bf16 dkv returned 2.35e-3 (1.67e-3); SPEC's bound 5e-3;
+// `dsv4 check` 2.92e-3 against 2.40e-3 (v23). H200 (v23, call 2, with the v23 waves):
+// S=16384 11.35-11.42 against 11.41-11.42 ms, S=4096 2.482-2.483 against 2.508-2.510: not
+// worth its precision. 0 (default): fp16 with scales.
 #ifndef SA90_BWD_DET_BF16
 #define SA90_BWD_DET_BF16 0
 #endif
@@ -248,22 +237,10 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 // (each lane's own vectors, no shuffles) while both consumers flushed (v13-v14: 10.11 vs
 // 9.63) and won once one consumer does all flushing (v16: 9.44-9.47 -> 8.95-9.06; the L2
 // reduction probe, v13: 3.43 vs 2.87 TB/s at one CTA an SM with the gathers).
-// SA90_BWD_RED_EVICT_LAST=1 (staged in v22, not yet run on a GPU): the atomic mode's
-// reductions carry an L2 evict_last policy, to keep the [B, K, D] f32 accumulator (42 MB
-// at S=16384: most of the L2) resident against the K/V and Q / dO traffic; 0 (default):
-// none. (The opposite, evict_last on the K/V gathers, lost in the atomic mode: v22 call 3.)
-#ifndef SA90_BWD_RED_EVICT_LAST
-#define SA90_BWD_RED_EVICT_LAST 0
-#endif
-#if SA90_BWD_RED_EVICT_LAST
-#define SA90_BWD_RED_V4 "red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %7;"
-#else
-#define SA90_BWD_RED_V4 "red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
-#endif
+// (Measured and dropped, v23: an L2 evict_last policy on these reductions, to keep the
+// 42 MB accumulator resident: 8.90-8.92 against 8.93-8.94 ms at S=16384, noise.)
 template <int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
-    [[maybe_unused]] u64 red_policy = 0;
-    if constexpr (SA90_BWD_RED_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(red_policy));
 #pragma unroll
     for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
@@ -293,8 +270,8 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
                     "setp.ne.and.b32 d, %6, 0, q;\n"
                     "setp.eq.and.b32 a, %6, 0, q;\n"
                     "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                    "@a " SA90_BWD_RED_V4 "\n}\n" ::"l"(ptr),
-                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)), "l"(red_policy) : "memory");
+                    "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
             }
         }
     }
@@ -305,9 +282,7 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
 // rows r0, r1; on0 / on1: valid slots). The quad's four lanes hold a key row's 64 columns:
 // its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
 // fp16 (32 contiguous bytes) and lane 0 the scale.
-// `first`: the CTA's first pair (SA90_BWD_PDL: wait for the previous grid before storing).
-__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4, bool first) {
-    if (first) pdl_wait();
+__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
     unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
     [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll
@@ -384,7 +359,6 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
-    if constexpr (SA90_BWD_PDL != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 do_base = smem_u32(smem + kDoOff);
@@ -404,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
     const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
-    const i64 row = static_cast<i64>(p.chunk_base) + local;  // b * S + s
+    const i64 row = sa::launch_row(static_cast<i64>(p.chunk_base) + local, static_cast<i64>(p.B) * p.S, p.rows_desc);  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
     const int h0 = hb * kHB;
@@ -606,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     wgmma_wait<0>();
                     fence_regs(acc);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4, it == 0);
+                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4);
                     } else {
                         flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
@@ -676,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 } else {
                     fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4, it == 0);
+                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
                     } else {
                         flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
                     }
@@ -687,7 +661,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
             if constexpr (SA90_BWD_DET_F16) {
-                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4, it == 0);
+                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4);
             } else {
                 flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
             }
@@ -695,7 +669,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     }
     // Consumer 1 arrived on kBarTilesFree once a pair, consumer 0 synced all but the first.
     if (cw == 0 && n_iters > 0) named_sync(kBarTilesFree, 256);
-    pdl_wait();  // SA90_BWD_PDL: every CTA waits for the previous grid before it ends
 
     // Whether the row has a valid slot (consumer 1's flush rows cover all 64 keys of every
     // pair).

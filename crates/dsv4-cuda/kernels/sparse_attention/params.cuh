@@ -66,7 +66,7 @@ struct SparseAttnBwdParams {
     i32 deterministic;     // 1: per-slot contributions stored; 0: f32 atomics into dkv
     i32 all_rows_nonempty; // 1: the caller promises every row has a valid slot
     float sm_scale;
-    i32 pad_;
+    i32 rows_desc;         // bwd_sm90.cu: 1: launch row v (= chunk_base + blockIdx.x) is row B*S - 1 - v (sa::launch_row)
 };
 DSV4_PARAMS_SIZE(SparseAttnBwdParams, 296);
 
@@ -100,8 +100,11 @@ struct SparseAttnInvIndexParams {
     // block's end after fill), its contributions' entry ids start at entry_base
     i64 entry_base;
     i32 rb_lo, rb_hi;
+    // rows as the main kernel numbers them (SparseAttnBwdParams::rows_desc): row_base and
+    // the blocks count launch rows v, row B*S - 1 - v when rows_desc (rows_total = B*S)
+    i32 rows_desc, rows_total;
 };
-DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 152);
+DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 160);
 
 // bwd_reduce.cu: f32 accumulator -> bf16 gradient.
 struct SparseAttnConvertParams {

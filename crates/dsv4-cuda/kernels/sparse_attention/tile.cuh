@@ -72,6 +72,11 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
+// The row (b * S + s) of launch row v of the backward (`desc`: the rows from the last to
+// the first, so the costliest rows of a causal selection run first and the cheap ones fill
+// each wave's last round of CTAs).
+__device__ __forceinline__ i64 launch_row(i64 v, i64 rows_total, int desc) { return desc ? rows_total - 1 - v : v; }
+
 // Slots of a row to scan: its plan length (`row_len`, [B*S]) clamped to [0, T], or all T.
 __device__ __forceinline__ int row_slots(const i32* row_len, i64 row, int T) { return row_len ? max(0, min(row_len[row], T)) : T; }
 
