@@ -196,7 +196,7 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA_REDUCE_STAGE
 #define SA_REDUCE_STAGE 4
 #endif
-// SA90_BWD_DET_BF16=1 (bwd_sm90.cu's, staged): the rows are bf16 values without scales.
+// SA90_BWD_DET_BF16=1 (bwd_sm90.cu's knob): the rows are bf16 values without scales.
 #ifndef SA90_BWD_DET_BF16
 #define SA90_BWD_DET_BF16 0
 #endif
