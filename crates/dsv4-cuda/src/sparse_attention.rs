@@ -940,9 +940,11 @@ pub fn bwd_head_blocks(hopper: bool, tiles: &Tiles, h: usize) -> usize {
 }
 
 /// How the deterministic backward splits its rows: waves of `wave_rows` consecutive launch
-/// rows (B*S order, or its reverse: `BwdParams::rows_desc`), whose per-slot dkv contributions (`T * n_hblk` contributions a row,
-/// [`ContribFormat::bytes`] each) fit `backward_workspace_bytes` with the inverted index (`T` i32
-/// entries a row and `[n_rb, B*K]` i32 block counts). `global`: one index for all rows in
+/// rows (B*S order, or its reverse: `BwdParams::rows_desc`), whose per-slot dkv
+/// contributions (`T * n_hblk` contributions a row, [`ContribFormat::bytes`] each) fit
+/// `backward_workspace_bytes` with the inverted index (`T` i32 entries a row and `[n_rb,
+/// B*K]` i32 block counts), each wave a multiple of the rows that fill whole rounds of CTAs
+/// where that keeps 3/4 of the rows that fit. `global`: one index for all rows in
 /// `n_rb` blocks of `rows_per_rb` rows, built before the waves (each wave a run of whole
 /// blocks), when it takes at most a quarter of the workspace and its entry ids fit in
 /// int32; else an index per wave (`n_rb` blocks of that wave). `wave_rows == 0`: not even
