@@ -778,23 +778,24 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 SparseIndices::Plan(pl) if std::env::var("DSV4_SA_DET_PLAN_INDEX").as_deref() != Ok("0") => Some(*pl),
                 _ => None,
             };
+            let shape = InvIndexShape { idx: src.ptr, row_len: src.row_len, t: src.t, g, rows, n_rb: w.n_rb, rows_per_rb: w.rows_per_rb, rows_desc };
             let kept = match plan {
                 Some(pl) if index && w.global => pl
                     .derived
                     .get_or_try_init(|| -> Result<InvIndex> {
-                        let d = InvIndex::alloc(gpu, &src, g, rows, w.n_rb, w.rows_per_rb, rows_desc)?;
+                        let d = InvIndex::alloc(gpu, shape)?;
                         d.point(&mut ip);
                         build_index(&mut ip, 0, rows, w.rows_per_rb, w.n_rb)?;
                         Ok(d)
                     })?
-                    .filter(|d| d.fits(&src, g, rows, w.n_rb, w.rows_per_rb, rows_desc)),
+                    .filter(|d| d.shape == shape),
                 _ => None,
             };
             let own;
             let bufs: &InvIndex = match &kept {
                 Some(d) => d,
                 None => {
-                    own = InvIndex::alloc(gpu, &src, g, if w.global { rows } else { w.wave_rows }, w.n_rb, w.rows_per_rb, rows_desc)?;
+                    own = InvIndex::alloc(gpu, InvIndexShape { rows: if w.global { rows } else { w.wave_rows }, ..shape })?;
                     &own
                 }
             };
@@ -871,44 +872,41 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
 /// The deterministic backward's inverted index (bwd_reduce.cu): per key, its (row, slot)
 /// entries in row order, for `rows` rows in `n_rb` blocks of `rows_per_rb` (0: one wave's,
 /// rebuilt per wave). Built for all rows of a plan, it is kept with the plan
-/// (`SparseIndexPlan::derived`) and reused while `fits` (the same index source and sizes).
+/// (`SparseIndexPlan::derived`) and reused while its shape is the call's (the same index
+/// source and sizes).
 struct InvIndex {
-    idx: u64,
-    row_len: u64,
-    g: usize,
-    rows: usize,
-    t: usize,
-    n_rb: usize,
-    rows_per_rb: usize,
-    rows_desc: bool, // its rows numbered as the main kernel launches them (BwdParams::rows_desc)
+    shape: InvIndexShape,
     counts: Tensor,  // i32 [n_rb, G]: block ends after fill
     colptr: Tensor,  // i32 [G + 1]
     entries: Tensor, // i32 [rows * T]
 }
 
+/// What an `InvIndex` was built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InvIndexShape {
+    idx: u64,
+    row_len: u64,
+    t: usize,
+    g: usize,
+    rows: usize,
+    n_rb: usize,
+    rows_per_rb: usize,
+    rows_desc: bool, // its rows numbered as the main kernel launches them (BwdParams::rows_desc)
+}
+
 impl InvIndex {
-    fn alloc(gpu: &Gpu, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize, rows_desc: bool) -> Result<Self> {
+    fn alloc(gpu: &Gpu, shape: InvIndexShape) -> Result<Self> {
+        let InvIndexShape { t, g, rows, n_rb, .. } = shape;
         Ok(InvIndex {
-            idx: src.ptr,
-            row_len: src.row_len,
-            g,
-            rows,
-            t: src.t,
-            n_rb,
-            rows_per_rb,
-            rows_desc,
+            shape,
             counts: gpu.alloc(DType::I32, &[(n_rb * g).max(1)])?,
             colptr: gpu.alloc(DType::I32, &[g + 1])?,
-            entries: gpu.alloc(DType::I32, &[(rows * src.t).max(1)])?,
+            entries: gpu.alloc(DType::I32, &[(rows * t).max(1)])?,
         })
     }
 
     fn point(&self, ip: &mut InvIndexParams) {
         (ip.counts, ip.colptr, ip.entries) = (self.counts.view().address(), self.colptr.view().address(), self.entries.view().address());
-    }
-
-    fn fits(&self, src: &IndexSource, g: usize, rows: usize, n_rb: usize, rows_per_rb: usize, rows_desc: bool) -> bool {
-        (self.idx, self.row_len, self.t) == (src.ptr, src.row_len, src.t) && (self.g, self.rows, self.n_rb, self.rows_per_rb, self.rows_desc) == (g, rows, n_rb, rows_per_rb, rows_desc)
     }
 }
 
