@@ -13,6 +13,7 @@
 // dsv4-test-defines: SA_REDUCE_STAGE=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=2
 // dsv4-test-defines: SA90_BWD_DET_BF16=1
+// dsv4-test-defines: SA_REDUCE_KEYS_DESC=1
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -200,6 +201,17 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA90_BWD_DET_BF16
 #define SA90_BWD_DET_BF16 0
 #endif
+// SA_REDUCE_KEYS_DESC=1: CTA i takes key G - 1 - i (0, the default: key i). A selection's
+// keys after the window's (DeepSeek's pooled keys, K = S + S/4) are each in hundreds to
+// thousands of rows' slots, the window's in at most 128: taken first, the long keys do not
+// start in the grid's last rounds and finish alone (ncu, v24 call 1: the S=4096 remainder
+// wave's reduce reads 287 MB in 107 us, 2.7 TB/s, against 4.2 TB/s for the full wave). The
+// same sums per key, bitwise. H200 (v24 call 5, one round): S=4096 2.4944-2.4979 -> 2.4794
+// ms, S=16384 11.59-11.62 -> 11.58. Staged, not the default: the GPU tests have not run
+// under it yet.
+#ifndef SA_REDUCE_KEYS_DESC
+#define SA_REDUCE_KEYS_DESC 0
+#endif
 // sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc (bf16: the values alone).
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -233,7 +245,8 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
     const int ch = t / 8, qd = t % 8;
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(p.contrib);
     const float* scales = reinterpret_cast<const float*>(vals + static_cast<i64>(p.n_rows) * p.T * p.n_hblk * p.D);
-    for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
+    for (i64 i = blockIdx.x; i < p.G; i += gridDim.x) {
+        const i64 g = SA_REDUCE_KEYS_DESC ? p.G - 1 - i : i;
         const int lo = wave_begin(p, g), hi = wave_end(p, g);
         if (lo == hi) continue;  // uniform across the CTA
         float sum[8];
