@@ -879,7 +879,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
 /// Dynamic shared memory of `sparse_attn_inv_reduce_f16` with `SA_REDUCE_RING=ring`
 /// (bwd_reduce.cu): two chunks of entry ids and, per thread, `ring` 16-byte value slots and
 /// (fp16 rows) `ring` f32 scales; 0 without the ring.
-pub fn reduce_ring_smem_bytes(threads: usize, ring: usize, bf16: bool) -> usize {
+fn reduce_ring_smem_bytes(threads: usize, ring: usize, bf16: bool) -> usize {
     if ring == 0 {
         return 0;
     }
