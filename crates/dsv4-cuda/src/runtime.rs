@@ -605,8 +605,8 @@ impl Kernel {
 
     /// Launch on the current stream with ONE by-value argument: a `#[repr(C)]` params
     /// struct mirrored in the kernel's `.cuh` (`extern "C" __global__ void entry(const
-    /// XParams p)`). Sets the max-dynamic-shared-memory attribute when `shared_bytes`
-    /// exceeds 48 KiB. Checks the launch result.
+    /// XParams p)`). Sets the max-dynamic-shared-memory attribute to `shared_bytes` (once
+    /// per larger size). Checks the launch result.
     ///
     /// # Safety
     /// Every device pointer in `params` must be valid for what the kernel reads/writes,
@@ -646,7 +646,10 @@ impl Kernel {
         if shared_bytes > gpu.props.max_shared_per_block_optin {
             return Err(Error::Cuda(format!("{}: {shared_bytes} bytes of dynamic shared memory exceed the device limit of {} per block", k.name, gpu.props.max_shared_per_block_optin)));
         }
-        if shared_bytes > 48 * 1024 {
+        // Any dynamic size: the 48 KiB a launch gets without the attribute count the entry's
+        // static shared memory too (v25: 42 KiB dynamic beside 7 KiB static failed with
+        // CUDA_ERROR_INVALID_VALUE when only sizes over 48 KiB set it).
+        if shared_bytes > 0 {
             let mut set = k.smem_opt_in.lock().unwrap_or_else(|p| p.into_inner());
             if *set < shared_bytes {
                 cu::function::set_function_attribute(k.func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32).map_err(|e| Error::Cuda(format!("{}: setting max dynamic shared memory to {shared_bytes}: {e:?}", k.name)))?;

@@ -728,13 +728,6 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // DSV4_EXTRA_DEFINES: 1..=8) of dp/8 = 64 threads a key)
             let groups = crate::runtime::extra_define("SA_REDUCE_GROUPS").and_then(|v| v.parse::<usize>().ok()).filter(|v| (1..=8).contains(v)).unwrap_or(4);
             let (reduce, reduce_threads) = if compact { (kern("sparse_attn_inv_reduce_f16")?, groups * (dp / 8)) } else { (kern("sparse_attn_inv_reduce")?, dp / 4) };
-            // (SA_REDUCE_RING=P, staged: the f16 reduce's per-thread cp.async rings in
-            // dynamic shared memory)
-            let ring = crate::runtime::extra_define("SA_REDUCE_RING").and_then(|v| v.parse::<usize>().ok()).filter(|_| compact).unwrap_or(0);
-            let reduce_smem = reduce_ring_smem_bytes(reduce_threads, ring, format == ContribFormat::Bf16);
-            if reduce_smem > gpu.props().max_shared_per_block_optin as usize {
-                return Err(unavailable(OP_BWD, format!("SA_REDUCE_RING={ring} needs {reduce_smem} bytes of shared memory a CTA; this device allows {}", gpu.props().max_shared_per_block_optin)));
-            }
             let mut ip = InvIndexParams {
                 idx: src.ptr,
                 row_len: src.row_len,
@@ -841,7 +834,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     // rows, every head block; compact: the layout of that kernel's n rows);
                     // acc is [G, dp] f32; dp/4 <= 128 threads (compact: groups <= 8 of dp/8 =
                     // 64, dp = 512).
-                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], reduce_smem as u32, &ip)? };
+                    unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;
             }
@@ -874,16 +867,6 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // (rows > 0) or none read (rows == 0); dsinks is a contiguous [H] f32 output; one CTA
     // per head (H fits in int32).
     unsafe { ds.launch([dm.h as u32, 1, 1], [256, 1, 1], 0, &d) }
-}
-
-/// Dynamic shared memory of `sparse_attn_inv_reduce_f16` with `SA_REDUCE_RING=ring`
-/// (bwd_reduce.cu): two chunks of entry ids and, per thread, `ring` 16-byte value slots and
-/// (fp16 rows) `ring` f32 scales; 0 without the ring.
-fn reduce_ring_smem_bytes(threads: usize, ring: usize, bf16: bool) -> usize {
-    if ring == 0 {
-        return 0;
-    }
-    2 * threads * 4 + ring * threads * (16 + if bf16 { 0 } else { 4 })
 }
 
 /// The deterministic backward's inverted index (bwd_reduce.cu): per key, its (row, slot)

@@ -13,9 +13,7 @@
 // dsv4-test-defines: SA_REDUCE_STAGE=0
 // dsv4-test-defines: SA_REDUCE_GROUPS=2
 // dsv4-test-defines: SA90_BWD_DET_BF16=1
-// dsv4-test-defines: SA_REDUCE_KEYS_DESC=1
-// dsv4-test-defines: SA_REDUCE_RING=16
-// dsv4-test-defines: SA_REDUCE_RING=8 SA90_BWD_DET_BF16=1
+// dsv4-test-defines: SA_REDUCE_KEYS_DESC=0
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -203,28 +201,16 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA90_BWD_DET_BF16
 #define SA90_BWD_DET_BF16 0
 #endif
-// SA_REDUCE_KEYS_DESC=1: CTA i takes key G - 1 - i (0, the default: key i). A selection's
+// SA_REDUCE_KEYS_DESC=1 (the default): CTA i takes key G - 1 - i (0: key i). A selection's
 // keys after the window's (DeepSeek's pooled keys, K = S + S/4) are each in hundreds to
 // thousands of rows' slots, the window's in at most 128: taken first, the long keys do not
 // start in the grid's last rounds and finish alone (ncu, v24 call 1: the S=4096 remainder
 // wave's reduce reads 287 MB in 107 us, 2.7 TB/s, against 4.2 TB/s for the full wave). The
-// same sums per key, bitwise. H200 (v24 call 5, one round): S=4096 2.4944-2.4979 -> 2.4794
-// ms, S=16384 11.59-11.62 -> 11.58. Staged, not the default: the GPU tests have not run
-// under it yet.
+// same sums per key, bitwise. H200 (v25 call 1, two rounds): S=4096 2.5026-2.5045 ->
+// 2.4893-2.4905 ms, S=16384 11.40-11.43 -> 11.30-11.35.
 #ifndef SA_REDUCE_KEYS_DESC
-#define SA_REDUCE_KEYS_DESC 0
+#define SA_REDUCE_KEYS_DESC 1
 #endif
-// SA_REDUCE_RING=P (P > 0; one head block): each thread's values and scales copied by
-// cp.async into its own ring of P slots in dynamic shared memory (the launcher passes
-// reduce_ring_smem_bytes), P entries ahead of its adds, instead of 4 (SA_REDUCE_STAGE) into
-// registers: P x 16 B in flight a thread. The long keys of a wave (v24, S=4096: pooled key 0
-// is in all 1,060 rows of the remainder wave, 1 MB of rows for one CTA that keeps ~16 KB
-// in flight) are what it is for. The same entries in the same order: bitwise the same
-// sums. Staged, default 0: not yet run on a GPU.
-#ifndef SA_REDUCE_RING
-#define SA_REDUCE_RING 0
-#endif
-static_assert(SA_REDUCE_RING >= 0 && SA_REDUCE_RING <= 64, "SA_REDUCE_RING: 0..64 (a chunk's 64 entries a group bound the issue distance)");
 // sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc (bf16: the values alone).
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -265,54 +251,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
         float sum[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
-        if (SA_REDUCE_RING > 0 && p.n_hblk == 1) {
-            // Group grp's entries are lo + grp + k kGroups (k = 0, 1, ...); thread-local entry k
-            // lies in id chunk k / 64 (a chunk: blockDim.x = 64 kGroups entries), at grp + (k %
-            // 64) kGroups in it. Chunks c and c + 1 are staged in idb[c % 2], idb[(c + 1) % 2];
-            // entry k's copies are issued at iteration k - P (one cp.async group an iteration,
-            // empty past the thread's entries) and added at iteration k.
-            constexpr int P = SA_REDUCE_RING > 0 ? SA_REDUCE_RING : 1;
-            constexpr int kPer = 64;
-            extern __shared__ __align__(16) unsigned char ring_smem[];
-            const int cta = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-            int* idb = reinterpret_cast<int*>(ring_smem);                          // [2][cta]
-            uint4* rv = reinterpret_cast<uint4*>(ring_smem + 2 * cta * 4);         // [P][cta]
-            [[maybe_unused]] float* rs = reinterpret_cast<float*>(rv + P * cta);   // [P][cta]
-            const int n = hi - lo, n_chunks = (n + cta - 1) / cta;
-            const int m = grp < n ? (n - grp + kReduceGroups - 1) / kReduceGroups : 0;  // this thread's entries
-            const int m_max = (n + kReduceGroups - 1) / kReduceGroups;                // group 0's: the loop's trip count
-            auto stage_ids = [&](int c) {
-                if (c < n_chunks && tid < min(cta, n - c * cta)) idb[(c & 1) * cta + tid] = static_cast<int>(p.entries[lo + c * cta + tid] - p.entry_base);
-            };
-            auto issue = [&](int k) {
-                if (k < m) {
-                    const i64 e = idb[((k / kPer) & 1) * cta + grp + (k % kPer) * kReduceGroups];
-                    const u32 dv = static_cast<u32>(__cvta_generic_to_shared(rv + (k % P) * cta + tid));
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dv), "l"(vals + e * p.D + ch * 64 + 8 * qd) : "memory");
-                    if constexpr (SA90_BWD_DET_BF16 == 0) {
-                        const u32 ds = static_cast<u32>(__cvta_generic_to_shared(rs + (k % P) * cta + tid));
-                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(ds), "l"(scales + e * chunks + ch) : "memory");
-                    }
-                }
-                asm volatile("cp.async.commit_group;\n" ::: "memory");
-            };
-            stage_ids(0);
-            stage_ids(1);
-            __syncthreads();
-            for (int k = 0; k < P; ++k) issue(k);
-            for (int k = 0; k < m_max; ++k) {
-                asm volatile("cp.async.wait_group %0;\n" ::"n"(P - 1) : "memory");  // entry k's copies landed
-                if (k < m) add_f16_unit(sum, rv[(k % P) * cta + tid], SA90_BWD_DET_BF16 != 0 ? 1.0f : rs[(k % P) * cta + tid]);
-                const int ki = k + P;
-                if (ki % kPer == 0) {
-                    // every thread has issued chunk ki / 64 - 1's entries: its buffer takes chunk ki / 64 + 1
-                    __syncthreads();
-                    stage_ids(ki / kPer + 1);
-                }
-                issue(ki);
-            }
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        } else if (SA_REDUCE_STAGE > 1 && p.n_hblk == 1) {
+        if (SA_REDUCE_STAGE > 1 && p.n_hblk == 1) {
             constexpr int kN = SA_REDUCE_STAGE > 1 ? SA_REDUCE_STAGE : 1;
             const int cta = static_cast<int>(blockDim.x);  // a multiple of kReduceGroups
             for (int c0 = lo; c0 < hi; c0 += cta) {
