@@ -8,6 +8,8 @@
 #   bash scripts/gpu-timeline.sh "sparse-attention --no-sweep --bwd-only --s 4096 --iters 1 --cooldown-ms 0" \
 #     "sparse_attn_bwd_sm90|inv_|f32_to_bf16|dsinks"
 # The bench's warm-up launches are listed too (3 before each timed row): read the last ones.
+# (Written in v25 after the device time ran out: the ncu line is the form v24-v25 ran, the
+# table was checked on that output; the script itself has not yet run on a GPU.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,10p "$0"; exit 2; }
