@@ -8,6 +8,8 @@
 #   bash scripts/gpu-timeline.sh "sparse-attention --no-sweep --bwd-only --s 4096 --iters 1 --cooldown-ms 0" \
 #     "sparse_attn_bwd_sm90|inv_|f32_to_bf16|dsinks"
 # The bench's warm-up launches are listed too (3 before each timed row): read the last ones.
+# TIMELINE_RAW=<file> keeps ncu's csv; NCU_EXTRA adds ncu options (e.g. "--clock-control none
+# --cache-control none": the card's own clocks, caches not flushed between kernels).
 # (Written in v25 after the device time ran out: the ncu line is the form v24-v25 ran, the
 # table was checked on that output; the script itself has not yet run on a GPU.)
 set -uo pipefail
@@ -18,8 +20,8 @@ ncu=${NCU:-/usr/local/cuda/bin/ncu}
 export DSV4_GOLDEN_DIR=$PWD/.dev/gpu/golden DSV4_SHARED_DIR=$PWD/.dev/gpu/no-shared
 export DSV4_CACHE_DIR=$PWD/.dev/gpu/kernel-cache-timeline DSV4_EXTRA_DEFINES=${3:-}
 # shellcheck disable=SC2086
-timeout 300 "$ncu" --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -k "regex:$kernel" \
-  .dev/gpu/dsv4 bench $bench 2>/dev/null | python3 -c '
+timeout 300 "$ncu" ${NCU_EXTRA:-} --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -k "regex:$kernel" \
+  .dev/gpu/dsv4 bench $bench 2>/dev/null | tee "${TIMELINE_RAW:-/dev/null}" | python3 -c '
 import csv, sys
 rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\"")) if len(r) > 14]
 by = {}

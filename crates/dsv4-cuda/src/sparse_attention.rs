@@ -149,6 +149,7 @@ pub struct InvIndexParams {
     pub rb_hi: i32,
     pub rows_desc: i32,  // the main kernel's BwdParams::rows_desc: launch row v is row rows_total - 1 - v
     pub rows_total: i32, // B*S
+    pub dkv_out: u64,    // reduce_f16's last wave: [G, D] bf16 written as bf16(acc + sum); 0: acc += sum
 }
 
 /// Mirrors `SparseAttnConvertParams`.
@@ -213,7 +214,7 @@ pub struct PackParams {
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
 const _: () = assert!(size_of::<BwdParams>() == 296);
-const _: () = assert!(size_of::<InvIndexParams>() == 160);
+const _: () = assert!(size_of::<InvIndexParams>() == 168);
 const _: () = assert!(size_of::<ConvertParams>() == 32);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
@@ -603,6 +604,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
     // DSV4_SA_DET_ROUNDS=0 (to compare): waves not cut to whole rounds of CTAs.
     let rounds = std::env::var("DSV4_SA_DET_ROUNDS").as_deref() != Ok("0");
+    // DSV4_SA_DET_DIAG (a diagnostic for the bench: the results are wrong): "no-reduce"
+    // launches the deterministic mode's main kernels alone, "no-main" its reduces alone (over
+    // whatever the workspace holds), to time each in place.
+    let det_diag = std::env::var("DSV4_SA_DET_DIAG").unwrap_or_default();
+    let (skip_main, skip_reduce) = (det_diag == "no-main", det_diag == "no-reduce");
     let waves = DeterministicWaves::with_rounds(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index, rounds);
     // The deterministic Hopper backward takes the rows from the last to the first
     // (bwd_sm90.cu, rows_desc): its waves run from the last rows down, so the short
@@ -631,6 +637,13 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     let acc = gpu.scratch(kvd * 4)?;
     gpu.zero(acc.ptr(), kvd * 4)?;
     let dsinks_part = gpu.scratch(rows * dm.h * 4)?;
+    // dkv's bf16 destination: the output, or a [B,K,dp] scratch cut back at the end.
+    let dkv_pad = if kvd > 0 && dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
+    let dkv_dst = dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr());
+    // The deterministic mode's last reduce writes dkv itself (no conversion launch);
+    // DSV4_SA_DET_FUSED_CONVERT=0 (to compare) keeps the conversion kernel.
+    let fused_convert = std::env::var("DSV4_SA_DET_FUSED_CONVERT").as_deref() != Ok("0");
+    let mut converted = false;
 
     if rows > 0 {
         let q = rows_input(gpu, &f.q, dp)?;
@@ -756,6 +769,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 rb_hi: 0,
                 rows_desc: rows_desc as i32,
                 rows_total: rows as i32,
+                dkv_out: 0,
             };
             // The index of rows [r0, r0 + n) in n_rb blocks of rows_per_rb rows, into the
             // buffers ip points to (an `InvIndex` of at least n rows and n_rb blocks).
@@ -824,16 +838,24 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // Hopper: CTA (x, y) owns launch row r0 + x (row B*S - 1 - r0 - x with
                 // rows_desc; the index counts the same launch rows) and head block y <
                 // n_hblk.
-                unsafe { k.launch(grid, block, smem as u32, &p)? };
-                if index {
+                if !skip_main {
+                    unsafe { k.launch(grid, block, smem as u32, &p)? };
+                }
+                if index && !skip_reduce {
                     (ip.contrib, ip.n_rows) = (contrib.ptr(), n as i32);
+                    // The last wave's reduce (16-bit rows) stores bf16(acc + its sum) into
+                    // dkv's destination for every key.
+                    let last = r0 + n == rows && compact && fused_convert;
+                    ip.dkv_out = if last { dkv_dst } else { 0 };
+                    converted |= last;
                     // SAFETY: colptr/counts/entries as built above index, for rows [r0, r0 +
                     // n) (row blocks [rb_lo, rb_hi) of a global index: r0 and, but at the
                     // end, r0 + n are multiples of rows_per_rb), entries r0*T - entry_base ..
                     // of `contrib` written by the main kernel (every valid slot of the wave's
                     // rows, every head block; compact: the layout of that kernel's n rows);
                     // acc is [G, dp] f32; dp/4 <= 128 threads (compact: groups <= 8 of dp/8 =
-                    // 64, dp = 512).
+                    // 64, dp = 512); dkv_out, when set, is dkv's [G, dp] bf16 destination
+                    // (the output or dkv_pad) and every key g < G is visited (grid stride).
                     unsafe { reduce.launch([g.min(1 << 30) as u32, 1, 1], [reduce_threads as u32, 1, 1], 0, &ip)? };
                 }
                 r0 += n;
@@ -849,13 +871,14 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         unsafe { unpad(gpu, s.ptr(), rows * dm.h, dp, out_ptr(dq), dm.d)? };
     }
     if kvd > 0 {
-        let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
-        let dkv_pad = if dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
-        // The Hopper kernel writes acc's columns permuted within groups of 16 (its flush layout).
-        let c = ConvertParams { src: acc.ptr(), dst: dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr()), n: kvd as i64, permuted: hopper as i32, pad_: 0 };
-        // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
-        // D) or a [B,K,dp] bf16 scratch.
-        unsafe { conv.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &c)? };
+        if !converted {
+            let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
+            // The Hopper kernel writes acc's columns permuted within groups of 16 (its flush layout).
+            let c = ConvertParams { src: acc.ptr(), dst: dkv_dst, n: kvd as i64, permuted: hopper as i32, pad_: 0 };
+            // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
+            // D) or a [B,K,dp] bf16 scratch.
+            unsafe { conv.launch([grid_for(gpu, kvd), 1, 1], [256, 1, 1], 0, &c)? };
+        }
         if let Some(s) = &dkv_pad {
             // SAFETY: the scratch holds [B*K, dp] bf16 written above; dkv is [B*K, D].
             unsafe { unpad(gpu, s.ptr(), dm.b * dm.k, dp, out_ptr(dkv), dm.d)? };

@@ -247,7 +247,17 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
     for (i64 i = blockIdx.x; i < p.G; i += gridDim.x) {
         const i64 g = SA_REDUCE_KEYS_DESC ? p.G - 1 - i : i;
         const int lo = wave_begin(p, g), hi = wave_end(p, g);
-        if (lo == hi) continue;  // uniform across the CTA
+        if (lo == hi) {  // uniform across the CTA
+            if (p.dkv_out != nullptr) {
+                // The last wave: the key's earlier sum (or zeros) converted (as sparse_attn_f32_to_bf16).
+                for (int c = 2 * static_cast<int>(threadIdx.x); c < p.D; c += 2 * static_cast<int>(blockDim.x)) {
+                    const int src = (c & ~15) + 4 * ((c >> 1) & 3) + 2 * ((c >> 3) & 1);  // c even: e = 0, c + 1 at src + 1
+                    const float* a = p.acc + g * p.D + src;
+                    *reinterpret_cast<u32*>(p.dkv_out + g * p.D + c) = pack_bf16(a[0], a[1]);
+                }
+            }
+            continue;
+        }
         float sum[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
@@ -296,15 +306,27 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             // k / 2 (sectors: c4 = qd % 4, j = 4 (qd / 4) + k / 2), e = k % 2, column n =
             // 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2, h = j % 2), which acc keeps
             // at 16 m + 4 c4 + 2 h + e.
+            // The last wave (dkv_out) stores bf16(acc + v) at the natural column n (pairs e = 0,
+            // 1 as one bf16x2) instead of writing acc back.
             float* a = p.acc + g * p.D + ch * 64;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                float v = sum[k];
+            for (int k = 0; k < 8; k += 2) {
+                float v[2];
 #pragma unroll
-                for (int q = 0; q < kReduceGroups - 1; ++q) v += part[q][8 * t + k];
+                for (int e = 0; e < 2; ++e) {
+                    v[e] = sum[k + e];
+#pragma unroll
+                    for (int q = 0; q < kReduceGroups - 1; ++q) v[e] += part[q][8 * t + k + e];
+                }
                 const int c4 = SA90_BWD_DET_SECTORS ? qd % 4 : qd / 2;
-                const int j = SA90_BWD_DET_SECTORS ? 4 * (qd / 4) + k / 2 : 4 * (qd % 2) + k / 2, e = k % 2;
-                a[16 * (j / 2) + 4 * c4 + 2 * (j % 2) + e] += v;
+                const int j = SA90_BWD_DET_SECTORS ? 4 * (qd / 4) + k / 2 : 4 * (qd % 2) + k / 2;
+                float* const at = a + 16 * (j / 2) + 4 * c4 + 2 * (j % 2);
+                if (p.dkv_out != nullptr) {
+                    *reinterpret_cast<u32*>(p.dkv_out + g * p.D + ch * 64 + 8 * j + 2 * c4) = pack_bf16(at[0] + v[0], at[1] + v[1]);
+                } else {
+                    at[0] += v[0];
+                    at[1] += v[1];
+                }
             }
         }
         __syncthreads();  // part is rewritten for the next key

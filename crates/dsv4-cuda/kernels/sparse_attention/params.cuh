@@ -103,8 +103,11 @@ struct SparseAttnInvIndexParams {
     // rows as the main kernel numbers them (SparseAttnBwdParams::rows_desc): row_base and
     // the blocks count launch rows v, row B*S - 1 - v when rows_desc (rows_total = B*S)
     i32 rows_desc, rows_total;
+    // reduce_f16, the last wave: dkv_out[g] = bf16(acc[g] + the wave's sum) for every key,
+    // in natural column order (acc is not written back); null: acc[g] += the sum
+    bf16* dkv_out;         // [G, D] bf16 or null
 };
-DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 160);
+DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 168);
 
 // bwd_reduce.cu: f32 accumulator -> bf16 gradient.
 struct SparseAttnConvertParams {
