@@ -148,24 +148,6 @@ static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DE
 #define SA90_BWD_DET_RCP 1
 #endif
 
-// SA90_BWD_DET_SCALES_LATE=1 (to compare; default 0): the 16-bit flush keeps each chunk's
-// scale in registers and each consumer stores its chunks' scales of a key row together
-// after its last chunk (lane c4 the chunks first + c4, first + 4 + c4: 2 stores a row for
-// consumer 1, 1 for consumer 0) instead of one 4-byte store per chunk (8 a row).
-#ifndef SA90_BWD_DET_SCALES_LATE
-#define SA90_BWD_DET_SCALES_LATE 0
-#endif
-// SA90_BWD_DET_CS=1 (default): the 16-bit flush's stores are streaming (st.global.cs);
-// 0: plain write-back stores (to compare).
-#ifndef SA90_BWD_DET_CS
-#define SA90_BWD_DET_CS 1
-#endif
-#if SA90_BWD_DET_CS
-#define SA90_DET_ST "st.global.cs"
-#else
-#define SA90_DET_ST "st.global"
-#endif
-
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M of S, dP, dq)
@@ -307,7 +289,7 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
 // rows r0, r1; on0 / on1: valid slots). The quad's four lanes hold a key row's 64 columns:
 // its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
 // fp16 (32 contiguous bytes) and lane 0 the scale.
-__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4, float (&mx_out)[2]) {
+__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
     unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
     [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll
@@ -358,8 +340,8 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
                 "{\n.reg .pred q, w;\n"
                 "setp.ne.b32 q, %10, 0;\n"
                 "setp.ne.b32 w, %11, 0;\n"
-                "@q " SA90_DET_ST ".v4.b32 [%0], {%2, %3, %4, %5};\n"
-                "@w " SA90_DET_ST ".v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
+                "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
+                "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
                 "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
         } else {
             // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
@@ -368,37 +350,15 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
             asm volatile(
                 "{\n.reg .pred q;\n"
                 "setp.ne.b32 q, %9, 0;\n"
-                "@q " SA90_DET_ST ".v4.b32 [%0], {%1, %2, %3, %4};\n"
-                "@q " SA90_DET_ST ".v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
+                "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
                 "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
         }
-        mx_out[rr] = mx;
-        if constexpr (SA90_BWD_DET_BF16 == 0 && SA90_BWD_DET_SCALES_LATE == 0) {
+        if constexpr (SA90_BWD_DET_BF16 == 0) {
             asm volatile(
                 "{\n.reg .pred q;\n"
                 "setp.ne.b32 q, %2, 0;\n"
-                "@q " SA90_DET_ST ".f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
-        }
-    }
-}
-
-// SA90_BWD_DET_SCALES_LATE: the scales of chunks [first, first + N) of key rows e0 / e1
-// (mx[j][rr]: chunk first + j), lane c4 storing chunks first + c4 and first + 4 + c4.
-template <int N>
-__device__ __forceinline__ void store_scales_late(const SparseAttnBwdParams& p, const float (&mx)[N][2], int first, i64 e0, i64 e1, u32 on0, u32 on1, int c4) {
-    float* const scales = reinterpret_cast<float*>(reinterpret_cast<unsigned short*>(p.dkv) + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
-#pragma unroll
-    for (int k = 0; k < (N + 3) / 4; ++k) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            float v = 0.0f;
-#pragma unroll
-            for (int j = 4 * k; j < N && j < 4 * k + 4; ++j) v = (j == 4 * k + c4) ? mx[j][rr] : v;
-            const u32 on = (rr ? on1 : on0) & static_cast<u32>(4 * k + c4 < N) & diag_keep(p, 5);
-            asm volatile(
-                "{\n.reg .pred q;\n"
-                "setp.ne.b32 q, %2, 0;\n"
-                "@q " SA90_DET_ST ".f32 [%0], %1;\n}\n" ::"l"(scales + (rr ? e1 : e0) * (kD / kDkvN) + first + 4 * k + c4), "f"(v), "r"(on) : "memory");
+                "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
         }
     }
 }
@@ -605,7 +565,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 named_sync(3, 128);  // this consumer's tile stores are done before its products read them
                 const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
                 float acc[kDkvN / 2];
-                [[maybe_unused]] float mx0[SA90_BWD_C0_CHUNKS][2];
 #pragma unroll
                 for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
                     const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
@@ -628,12 +587,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                     wgmma_wait<0>();
                     fence_regs(acc);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4, mx0[c]);
+                        flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4);
                     } else {
                         flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
                 }
-                if constexpr (SA90_BWD_DET_F16 && SA90_BWD_DET_SCALES_LATE && SA90_BWD_DET_BF16 == 0) store_scales_late(p, mx0, 0, det_entry(r0), det_entry(r1), on0, on1, c4);
             }
 #else
             wgmma_wait<0>();
@@ -678,7 +636,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             // into acc[c % 2]; chunk c - 1's reductions go out while chunk c's products run.
             const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
             float acc[2][kDkvN / 2];
-            [[maybe_unused]] float mx1[kD / kDkvN - SA90_BWD_C0_CHUNKS][2];
 #pragma unroll
             for (int c = SA90_BWD_C0_CHUNKS; c < kD / kDkvN; ++c) {
                 const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
@@ -700,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 } else {
                     fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
                     if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4, mx1[c - 1 - SA90_BWD_C0_CHUNKS]);
+                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
                     } else {
                         flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
                     }
@@ -711,8 +668,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
             if constexpr (SA90_BWD_DET_F16) {
-                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4, mx1[kD / kDkvN - 1 - SA90_BWD_C0_CHUNKS]);
-                if constexpr (SA90_BWD_DET_SCALES_LATE && SA90_BWD_DET_BF16 == 0) store_scales_late(p, mx1, SA90_BWD_C0_CHUNKS, det_entry(r0), det_entry(r1), on0, on1, c4);
+                flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4);
             } else {
                 flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
             }

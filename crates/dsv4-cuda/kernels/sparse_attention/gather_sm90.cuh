@@ -11,10 +11,13 @@
 
 // Backward diagnostics for the bench only (results are wrong; default 0, bwd_sm90.cu):
 // DSV4_SA90_BWD_DIAG=1 gather_blocks issues no K/V copies; =2 the consumers issue no
-// wgmma; =3 no dkv reductions or stores (the compiler then drops the flush's arithmetic
-// too); =4 the same with the flush's arithmetic kept (the stores' predicates false at run
-// time); =5 / =6 the 16-bit flush without its scale stores / without its value stores.
-// Each against the default says what that part costs.
+// wgmma; =3 no dkv reductions or stores (atomic: the flush's arithmetic stays; the 16-bit
+// deterministic flush: the compiler drops it, and with it the dKV products of 7 of the 8
+// chunks, whose accumulators are then dead: 144 HGMMA instead of 200, so not a measure of
+// the flush alone); =4 no reductions or stores, with the flush's arithmetic and every
+// product kept (the stores' predicates false at run time); =5 / =6 the 16-bit flush
+// without its scale stores / without its value stores. Each against the default says what
+// that part costs.
 #ifndef DSV4_SA90_BWD_DIAG
 #define DSV4_SA90_BWD_DIAG 0
 #endif
