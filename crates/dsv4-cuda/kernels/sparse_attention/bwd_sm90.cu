@@ -215,6 +215,16 @@ __device__ __forceinline__ u32 diag_keep(const SparseAttnBwdParams& p, int which
     return (DSV4_SA90_BWD_DIAG == which && p.smem_bytes > 0) ? 0u : 1u;
 }
 
+// DSV4_SA90_BWD_DIAG=7: a chunk's flush replaced by a sum of its accumulators and one store
+// that is off at run time (the products stay, the flush's arithmetic and memory go).
+template <int NA>
+__device__ __forceinline__ void diag_flush_sink(const SparseAttnBwdParams& p, const float (&acc)[NA]) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NA; ++i) sum += acc[i];
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\n@q st.global.f32 [%0], %2;\n}\n" ::"l"(p.dkv), "r"(diag_keep(p, 7)), "f"(sum) : "memory");
+}
+
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
 constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
@@ -248,6 +258,10 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 // 42 MB accumulator resident: 8.90-8.92 against 8.93-8.94 ms at S=16384, noise.)
 template <int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
+    if constexpr (DSV4_SA90_BWD_DIAG == 7) {
+        diag_flush_sink(p, acc);
+        return;
+    }
 #pragma unroll
     for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
@@ -290,6 +304,10 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
 // its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
 // fp16 (32 contiguous bytes) and lane 0 the scale.
 __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
+    if constexpr (DSV4_SA90_BWD_DIAG == 7) {
+        diag_flush_sink(p, acc);
+        return;
+    }
     unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
     [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll

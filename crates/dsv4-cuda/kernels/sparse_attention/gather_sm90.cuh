@@ -16,8 +16,9 @@
 // chunks, whose accumulators are then dead: 144 HGMMA instead of 200, so not a measure of
 // the flush alone); =4 no reductions or stores, with the flush's arithmetic and every
 // product kept (the stores' predicates false at run time); =5 / =6 the 16-bit flush
-// without its scale stores / without its value stores. Each against the default says what
-// that part costs.
+// without its scale stores / without its value stores; =7 each chunk's flush replaced by a
+// sum of its accumulators (products kept, the flush's arithmetic and memory gone). Each
+// against the default says what that part costs.
 #ifndef DSV4_SA90_BWD_DIAG
 #define DSV4_SA90_BWD_DIAG 0
 #endif
