@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every kernel launch of one `dsv4 bench` command, in order, with its duration (ncu
-# gpu__time_duration at ncu's locked clocks, ~1.2x the bench's times for compute-bound
+# gpu__time_duration at ncu's locked clocks, ~1.3x the bench's times for compute-bound
 # kernels) and DRAM bytes read / written; run on the GPU machine (carry `.dev/gpu`, staged
 # by scripts/gpu-build.sh):
 #   bash scripts/gpu-timeline.sh "<dsv4 bench args>" [kernel name regex] [DSV4_EXTRA_DEFINES value]
@@ -10,8 +10,7 @@
 # The bench's warm-up launches are listed too (3 before each timed row): read the last ones.
 # TIMELINE_RAW=<file> keeps ncu's csv; NCU_EXTRA adds ncu options (e.g. "--clock-control none
 # --cache-control none": the card's own clocks, caches not flushed between kernels).
-# (Written in v25 after the device time ran out: the ncu line is the form v24-v25 ran, the
-# table was checked on that output; the script itself has not yet run on a GPU.)
+# (First run on the H200 in v26: docs/perf.md v26, calls 1-2.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,10p "$0"; exit 2; }
