@@ -211,6 +211,11 @@ static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8"
 #ifndef SA_REDUCE_KEYS_DESC
 #define SA_REDUCE_KEYS_DESC 1
 #endif
+// Where the Hopper backward's flush layout keeps column c (0..15) of a group of 16: column
+// 8 h + 2 c4 + e at 4 c4 + 2 h + e (bwd_sm90.cu, flush_chunk).
+__device__ __forceinline__ int flush_col16(int c) {
+    return 4 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1);
+}
 // sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc (bf16: the values alone).
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -251,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             if (p.dkv_out != nullptr) {
                 // The last wave: the key's earlier sum (or zeros) converted (as sparse_attn_f32_to_bf16).
                 for (int c = 2 * static_cast<int>(threadIdx.x); c < p.D; c += 2 * static_cast<int>(blockDim.x)) {
-                    const int src = (c & ~15) + 4 * ((c >> 1) & 3) + 2 * ((c >> 3) & 1);  // c even: e = 0, c + 1 at src + 1
+                    const int src = (c & ~15) + flush_col16(c & 15);  // c even: c + 1 is at src + 1
                     const float* a = p.acc + g * p.D + src;
                     *reinterpret_cast<u32*>(p.dkv_out + g * p.D + c) = pack_bf16(a[0], a[1]);
                 }
@@ -337,8 +342,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
 // column 16 m + 4 c + 2 h + e (the Hopper backward's flush layout; n a multiple of 16).
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_f32_to_bf16(const SparseAttnConvertParams p) {
     for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-        const int c = static_cast<int>(i & 15);
-        const i64 src = p.permuted ? (i & ~static_cast<i64>(15)) + 4 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1) : i;
+        const i64 src = p.permuted ? (i & ~static_cast<i64>(15)) + flush_col16(static_cast<int>(i & 15)) : i;
         p.dst[i] = from_f32<bf16>(p.src[src]);
     }
 }
