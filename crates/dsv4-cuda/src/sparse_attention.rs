@@ -662,7 +662,11 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or(det_default);
             let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
             let f16 = if deterministic && compact { "1" } else { "0" };
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into())])?, [384u32, 1, 1])
+            // The atomic mode's kernel is compiled for that mode alone (bwd_sm90.cu,
+            // SA90_BWD_ATOMIC: one predicated reduction a vector, 248 fewer instructions);
+            // DSV4_EXTRA_DEFINES SA90_BWD_ATOMIC=0 keeps the kernel of either mode (to compare).
+            let atomic_only = if !deterministic && crate::runtime::extra_define("SA90_BWD_ATOMIC") != Some("0") { "1" } else { "0" };
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into()), ("SA90_BWD_ATOMIC", atomic_only.into())])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };

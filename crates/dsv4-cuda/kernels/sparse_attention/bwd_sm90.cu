@@ -14,6 +14,7 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
@@ -225,6 +226,16 @@ __device__ __forceinline__ void diag_flush_sink(const SparseAttnBwdParams& p, co
     asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\n@q st.global.f32 [%0], %2;\n}\n" ::"l"(p.dkv), "r"(diag_keep(p, 7)), "f"(sum) : "memory");
 }
 
+// SA90_BWD_ATOMIC=1 (the launcher's choice for the atomic mode): the kernel is compiled for
+// that mode alone, so each 16-byte vector of the f32 flush is one predicated reduction
+// instead of a reduction and a streaming store chosen at run time by p.deterministic
+// (three setp and two predicated memory instructions). 0: either mode at run time (the
+// deterministic f32 rows, SA90_BWD_DET_F16=0, and to compare).
+#ifndef SA90_BWD_ATOMIC
+#define SA90_BWD_ATOMIC 0
+#endif
+static_assert(SA90_BWD_ATOMIC == 0 || SA90_BWD_DET_F16 == 0, "SA90_BWD_ATOMIC: the atomic mode has no 16-bit rows");
+
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
 constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
@@ -232,7 +243,7 @@ constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products hav
 // Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
 // contribution slot (deterministic).
 __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int local, int it, int r, int n_hblk, int hb, int b, int fkey) {
-    return p.deterministic ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb) * kD
+    return (SA90_BWD_ATOMIC == 0 && p.deterministic) ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb) * kD
                            : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
 }
 
@@ -285,14 +296,22 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
                 const u32 on = k ? on_b[rr] : on_a[rr];
                 // Predicated in the PTX rather than under an `if`: with a divergent branch
                 // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                asm volatile(
-                    "{\n.reg .pred q, d, a;\n"
-                    "setp.ne.b32 q, %5, 0;\n"
-                    "setp.ne.and.b32 d, %6, 0, q;\n"
-                    "setp.eq.and.b32 a, %6, 0, q;\n"
-                    "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                    "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                if constexpr (SA90_BWD_ATOMIC != 0) {
+                    asm volatile(
+                        "{\n.reg .pred q;\n"
+                        "setp.ne.b32 q, %5, 0;\n"
+                        "@q red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
+                } else {
+                    asm volatile(
+                        "{\n.reg .pred q, d, a;\n"
+                        "setp.ne.b32 q, %5, 0;\n"
+                        "setp.ne.and.b32 d, %6, 0, q;\n"
+                        "setp.eq.and.b32 a, %6, 0, q;\n"
+                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                        "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                }
             }
         }
     }
@@ -384,6 +403,7 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
+    if (SA90_BWD_ATOMIC != 0 && p.deterministic) __trap();  // compiled for the atomic mode alone
     unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 do_base = smem_u32(smem + kDoOff);
