@@ -867,8 +867,9 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         }
     }
 
-    // dq cut back to D; dkv = bf16(acc) (padded: through a bf16 [B,K,dp] scratch, then
-    // cut back); dsinks = fixed-order sum of the per-row partials
+    // dq cut back to D; dkv = bf16(acc) (unless the deterministic mode's last reduce wrote
+    // it; padded: through a bf16 [B,K,dp] scratch, then cut back); dsinks = fixed-order sum
+    // of the per-row partials
     if let Some(s) = &dq_pad {
         // SAFETY: the scratch holds [B*S*H, dp] bf16 written by the main kernel (every row
         // and head: rows > 0 launched it; rows == 0 copies nothing); dq is [B*S*H, D].

@@ -3,7 +3,8 @@
 //   sparse_attn_inv_*:        deterministic dkv: per wave of rows, an inverted index (key ->
 //                             its (row, slot) entries in order) and acc[g] += the sum of
 //                             g's contributions in that order (_reduce: f32 rows;
-//                             _reduce_f16: the Hopper kernel's fp16 rows with scales)
+//                             _reduce_f16: the Hopper kernel's fp16 rows with scales;
+//                             its last wave writes dkv = bf16(acc + sum) instead)
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
 //
