@@ -15,6 +15,8 @@
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_C0_OVERLAP=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
@@ -37,8 +39,8 @@
 //        memory, 4 threads a head) and lse in log2 units into shared memory. Then per pair
 //        the consumers split by role (since v16; before, each consumer took one block of
 //        the pair and half of every product, and both stopped their products to flush):
-//     consumer 0: S = Q K^T, dP = dO K^T of both blocks (m64n32k16 SS, 32 k-steps each,
-//          K-major), P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
+//     consumer 0: S = Q K^T, dP = dO K^T of the pair's 64 keys (m64n64k16 SS over the
+//          interleaved ring, SA90_BWD_S64; 32 k-steps each, K-major), P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
 //          dS = sm_scale P (dP - delta); once consumer 1 has read the previous pair's
 //          tiles (named barrier kBarTilesFree):
 //            dS   -> dS   [64 heads][64 keys] (plain stores; A of consumer 1's dq)
@@ -67,7 +69,7 @@
 // 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
-// 2 x [32 x 512] 64 KiB, dS, P^T, dS^T 3 x 8 KiB, slot keys of the ring's blocks (for the
+// 2 x [32 x 512] 64 KiB (a pair's [64 x 512] tile, SA90_BWD_S64), dS, P^T, dS^T 3 x 8 KiB, slot keys of the ring's blocks (for the
 // masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
 // "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
 // (16-byte stores). A ring of two buffers (not the forward's four) is what fits beside dO
@@ -149,6 +151,17 @@ static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DE
 #define SA90_BWD_DET_RCP 1
 #endif
 
+// SA90_BWD_S64=1 (default): the ring holds a pair's two blocks interleaved as one [64 keys x
+// 512] SW128 tile (the 64-column groups 64 rows x 128 B apart, block bb in rows 32 bb..), so
+// S and dP of the pair are one m64n64k16 each a k-step, reading Q / dO once for 64 keys:
+// 4 instead of 6 KiB of shared memory a k-step pair, 32 instead of 64 wgmma (H200, v27
+// call 2: atomic S=4096 1.893 / 1.895 -> 1.764 / 1.761 ms, S=16384 8.85 / 8.71 -> 8.24 /
+// 8.31; deterministic 2.483 / 2.480 -> 2.347 / 2.344, 11.44 / 11.48 -> 10.88 / 10.90). 0:
+// two [32 x 512] blocks, m64n32k16 products of each.
+#ifndef SA90_BWD_S64
+#define SA90_BWD_S64 1
+#endif
+
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M of S, dP, dq)
@@ -159,6 +172,10 @@ constexpr int kThreads = 384;
 constexpr int kGroupBytes = kBN * 128;   // one SW128 group of a block: 64 columns
 constexpr int kQGroupBytes = kHB * 128;  // one SW128 group of Q / dO: 64 columns
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
+// The ring's layout (SA90_BWD_S64): block bb of the pair at kv_base + bb * kRingBlockBytes,
+// its 64-column group gg at + gg * kRingGroupBytes (both layouts: 2 x 32 KiB).
+constexpr int kRingBlockBytes = SA90_BWD_S64 ? kBN * 128 : kBlockBytes;
+constexpr int kRingGroupBytes = SA90_BWD_S64 ? kPair * 128 : kGroupBytes;
 constexpr int kTileBytes = 64 * 128;     // [64 x 64] bf16 SW128: dS, P^T, dS^T
 constexpr int kDkvN = 64;                // dKV columns per chunk (32 f32 accumulators a thread)
 constexpr int kChunk = 1024;             // slot keys the producer reads per index pass
@@ -207,6 +224,12 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 // -> 18.74 with N = 2, 18.63 with N = 1).
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
+#endif
+// SA90_BWD_C0_OVERLAP=1: consumer 0's dKV chunks over two accumulator sets, each chunk's
+// products issued before the previous chunk's flush (as consumer 1); 0 (default): one set,
+// each chunk flushed before the next is issued.
+#ifndef SA90_BWD_C0_OVERLAP
+#define SA90_BWD_C0_OVERLAP 0
 #endif
 
 // 0 when the backward diagnostic `which` (DSV4_SA90_BWD_DIAG = 4, 5, 6) turns a store off:
@@ -452,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
         sa90::producer_handoff(qdo_bar);
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
-        sa90::gather_blocks<kNBuf>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
+        sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
         return;
     }
 
@@ -508,7 +531,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         [[maybe_unused]] auto det_entry = [&](int r) -> i64 { return (static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb; };
         if (cw == 0) {
             // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
+            // SC(bb, i) / DP(bb, i): element i of block bb's m64n32 accumulator layout (in
+            // the m64n64 layout of SA90_BWD_S64, n8 tile 4 bb + i / 4).
+#if SA90_BWD_S64
+            float sc[32], dp[32];
+#define SC(bb, i) sc[16 * (bb) + (i)]
+#define DP(bb, i) dp[16 * (bb) + (i)]
+#else
             float sc[2][16], dp[2][16];
+#define SC(bb, i) sc[bb][i]
+#define DP(bb, i) dp[bb][i]
+#endif
             mbar_wait(ready_bar + 0, par);
             mbar_wait(ready_bar + 1, par);
             sa90::consumer_after_ready();
@@ -517,21 +550,31 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
             for (int ks = 0; ks < 32; ++ks) {
                 const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
-                const u32 ko = (ks / 4) * kGroupBytes + (ks % 4) * 32;
+                const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+#if SA90_BWD_S64
+                    wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
+                    wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
+#else
 #pragma unroll
                     for (int bb = 0; bb < 2; ++bb) {
                         wgmma_m64n32k16_ss<0>(sc[bb], desc_advance(qd0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
                         wgmma_m64n32k16_ss<0>(dp[bb], desc_advance(dod0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
                     }
+#endif
                 }
             }
             wgmma_commit();
             wgmma_wait<0>();
+#if SA90_BWD_S64
+            fence_regs(sc);
+            fence_regs(dp);
+#else
             fence_regs(sc[0]);
             fence_regs(sc[1]);
             fence_regs(dp[0]);
             fence_regs(dp[1]);
+#endif
 
             // P and dS as bf16 pairs, per block bb (bwd.cu's formulas in log2 units):
             // pp[bb][jj][0 / 1] = P[r0 / r1][32 bb + 8 jj + 2 c4 ..]; da[2 bb + jj / 2] = dS
@@ -546,16 +589,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 for (int jj = 0; jj < 4; ++jj) {
                     const int col = 8 * jj + 2 * c4;
                     const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
-                    const float p00 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 0] * s_scale - lse0) : 0.0f;
-                    const float p01 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 1] * s_scale - lse0) : 0.0f;
-                    const float p10 = v0 ? sa90::exp2_p(sc[bb][4 * jj + 2] * s_scale - lse1) : 0.0f;
-                    const float p11 = v1 ? sa90::exp2_p(sc[bb][4 * jj + 3] * s_scale - lse1) : 0.0f;
+                    const float p00 = v0 ? sa90::exp2_p(SC(bb, 4 * jj + 0) * s_scale - lse0) : 0.0f;
+                    const float p01 = v1 ? sa90::exp2_p(SC(bb, 4 * jj + 1) * s_scale - lse0) : 0.0f;
+                    const float p10 = v0 ? sa90::exp2_p(SC(bb, 4 * jj + 2) * s_scale - lse1) : 0.0f;
+                    const float p11 = v1 ? sa90::exp2_p(SC(bb, 4 * jj + 3) * s_scale - lse1) : 0.0f;
                     pp[bb][jj][0] = pack_bf16(p00, p01);
                     pp[bb][jj][1] = pack_bf16(p10, p11);
-                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[bb][4 * jj + 0] - de0), p.sm_scale * p01 * (dp[bb][4 * jj + 1] - de0));
-                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[bb][4 * jj + 2] - de1), p.sm_scale * p11 * (dp[bb][4 * jj + 3] - de1));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (DP(bb, 4 * jj + 0) - de0), p.sm_scale * p01 * (DP(bb, 4 * jj + 1) - de0));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (DP(bb, 4 * jj + 2) - de1), p.sm_scale * p11 * (DP(bb, 4 * jj + 3) - de1));
                 }
             }
+#undef SC
+#undef DP
 
             if (it > 0) named_sync(kBarTilesFree, 256);  // consumer 1's last products of the previous pair read the tiles
 #pragma unroll
@@ -582,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes, kGroupBytes, 1024);
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kRingBlockBytes, kRingGroupBytes, 1024);
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
             }
             wgmma_commit();
@@ -602,6 +647,46 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
                 named_sync(3, 128);  // this consumer's tile stores are done before its products read them
                 const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+#if SA90_BWD_C0_OVERLAP
+                // Two accumulator sets: chunk c's products run while chunk c - 1 is flushed
+                // (consumer 1's scheme).
+                float acc[2][kDkvN / 2];
+#pragma unroll
+                for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
+                    const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                    const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
+                    if (c > 0) wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ++ks) {
+                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                            wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                            wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+                        }
+                    }
+                    wgmma_commit();
+                    wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
+                    if (c == 0) {
+                        fence_regs(dq);
+                        mbar_arrive(free_bar + 0);
+                        mbar_arrive(free_bar + 1);
+                    } else {
+                        fence_regs(acc[(c - 1) % 2]);
+                        if constexpr (SA90_BWD_DET_F16) {
+                            flush_chunk_f16(p, acc[(c - 1) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
+                        } else {
+                            flush_chunk(p, acc[(c - 1) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                        }
+                    }
+                }
+                wgmma_wait<0>();
+                constexpr int kLast0 = (SA90_BWD_C0_CHUNKS - 1) % 2;
+                fence_regs(acc[kLast0]);
+                if constexpr (SA90_BWD_DET_F16) {
+                    flush_chunk_f16(p, acc[kLast0], det_entry(r0), det_entry(r1), on0, on1, SA90_BWD_C0_CHUNKS - 1, c4);
+                } else {
+                    flush_chunk(p, acc[kLast0], row_a, row_b, on_a, on_b, odd, kDkvN * (SA90_BWD_C0_CHUNKS - 1) + 4 * c4);
+                }
+#else
                 float acc[kDkvN / 2];
 #pragma unroll
                 for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
@@ -630,6 +715,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
                 }
+#endif
             }
 #else
             wgmma_wait<0>();
@@ -665,7 +751,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             const u64 dsd = sw128_desc(ds_base, 16, 1024);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const u64 kd = sw128_desc(kv_base + (kk / 2) * kBlockBytes + 4 * kGroupBytes, kGroupBytes, 1024);
+                const u64 kd = sw128_desc(kv_base + (kk / 2) * kRingBlockBytes + 4 * kRingGroupBytes, kRingGroupBytes, 1024);
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(dsd, kk * 32), desc_advance(kd, (kk % 2) * 2048), 1);
             }
             wgmma_commit();

@@ -134,7 +134,11 @@ __device__ __forceinline__ void bwd_kv_copy16(u32 dst, const void* src, bool val
         kv_copy16(dst, src, valid);
     }
 }
-template <int NBUF>
+// Block blk's rows go to buffer buf = blk % NBUF at kv_base + buf * BUF_BYTES, its 64-column
+// group gg at + gg * GROUP_BYTES: [32 x 512] blocks (BUF_BYTES = kBlockBytes, GROUP_BYTES =
+// kGroupBytes), or the two blocks of a pair interleaved as one [64 x 512] tile (BUF_BYTES =
+// 32 rows x 128 B, GROUP_BYTES = 64 rows x 128 B: bwd_sm90.cu's SA90_BWD_S64).
+template <int NBUF, int BUF_BYTES = kBlockBytes, int GROUP_BYTES = kGroupBytes>
 __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
     const int j = wtid % 8, r_base = wtid / 8;
     [[maybe_unused]] u64 kv_policy = 0;
@@ -158,7 +162,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             keys_s[buf * kBN + r_base + 16] = keys[1];
             hopper::mbar_arrive(keys_bar + buf);
         }
-        const u32 dst = kv_base + buf * kBlockBytes;
+        const u32 dst = kv_base + buf * BUF_BYTES;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = r_base + 16 * i;
@@ -166,7 +170,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
             const bf16* row = key >= 0 ? src.kv_b + static_cast<i64>(key) * src.kv_sk + j * 8 : src.kv;
 #pragma unroll
             for (int gg = 0; gg < 8; ++gg)
-                if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(dst + gg * kGroupBytes + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
+                if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(dst + gg * GROUP_BYTES + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
         }
         producer_handoff(ready_bar + buf);
     }
