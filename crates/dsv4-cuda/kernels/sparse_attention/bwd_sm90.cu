@@ -17,6 +17,7 @@
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_C0_OVERLAP=1
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_C0_RS=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
@@ -208,6 +209,12 @@ static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in s
 // holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1) stored transposed: fragment
 // element (row, col) goes to row `col` of the stored matrix, position `row`. Lane l gives
 // the shared address of stored row l % 8 of matrix l / 8 (16 bytes).
+// Four 8x8 bf16 matrices from shared memory into the mma fragment layout (lane l gives the
+// address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
 __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
@@ -231,6 +238,13 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 #ifndef SA90_BWD_C0_OVERLAP
 #define SA90_BWD_C0_OVERLAP 0
 #endif
+// SA90_BWD_C0_RS=1: consumer 0's dKV products take A (dS^T, P^T of the pair) from registers,
+// read once a pair from the tiles by ldmatrix (32 registers), instead of from shared memory
+// in every chunk: 16 instead of 16 KiB a chunk of A reads. 0 (default): SS.
+#ifndef SA90_BWD_C0_RS
+#define SA90_BWD_C0_RS 0
+#endif
+static_assert(!(SA90_BWD_C0_RS && SA90_BWD_C0_OVERLAP), "SA90_BWD_C0_RS: one accumulator set (with two, ptxas spills 310 bytes)");
 
 // 0 when the backward diagnostic `which` (DSV4_SA90_BWD_DIAG = 4, 5, 6) turns a store off:
 // false only at run time (smem_bytes > 0 always holds), so the arithmetic feeding the
@@ -647,6 +661,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
                 named_sync(3, 128);  // this consumer's tile stores are done before its products read them
                 const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
+#if SA90_BWD_C0_RS
+                // A of k-step ks: rows (keys) 16 warp + lane % 16, heads 16 ks + 8 (lane / 16)..
+                u32 ra_dst[4][4], ra_pt[4][4];
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    const u32 off = sw128(16 * warp + (lane & 15), 2 * ks + (lane >> 4));
+                    ldsm_x4(dst_base + off, ra_dst[ks]);
+                    ldsm_x4(pt_base + off, ra_pt[ks]);
+                }
+                // dq's products first (their A registers, da, are then free for the chunks').
+                wgmma_wait<0>();
+                fence_regs(dq);
+                mbar_arrive(free_bar + 0);
+                mbar_arrive(free_bar + 1);
+#endif
 #if SA90_BWD_C0_OVERLAP
                 // Two accumulator sets: chunk c's products run while chunk c - 1 is flushed
                 // (consumer 1's scheme).
@@ -659,8 +688,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
                     for (int ks = 0; ks < 4; ++ks) {
                         if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+#if SA90_BWD_C0_RS
+                            wgmma_m64n64k16_rs<1>(acc[c % 2], ra_dst[ks], desc_advance(qnd, ks * 2048), ks > 0);
+                            wgmma_m64n64k16_rs<1>(acc[c % 2], ra_pt[ks], desc_advance(donm, ks * 2048), 1);
+#else
                             wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
                             wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+#endif
                         }
                     }
                     wgmma_commit();
@@ -696,12 +730,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
                     for (int ks = 0; ks < 4; ++ks) {
                         if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+#if SA90_BWD_C0_RS
+                            wgmma_m64n64k16_rs<1>(acc, ra_dst[ks], desc_advance(qnd, ks * 2048), ks > 0);
+                            wgmma_m64n64k16_rs<1>(acc, ra_pt[ks], desc_advance(donm, ks * 2048), 1);
+#else
                             wgmma_m64n64k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
                             wgmma_m64n64k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
+#endif
                         }
                     }
                     wgmma_commit();
-                    if (c == 0) {
+                    if (c == 0 && !SA90_BWD_C0_RS) {
                         wgmma_wait<1>();  // dq's products: the ring is read
                         fence_regs(dq);
                         mbar_arrive(free_bar + 0);
