@@ -16,8 +16,6 @@
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_C0_OVERLAP=1
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_C0_RS=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
@@ -41,7 +39,8 @@
 //        the consumers split by role (since v16; before, each consumer took one block of
 //        the pair and half of every product, and both stopped their products to flush):
 //     consumer 0: S = Q K^T, dP = dO K^T of the pair's 64 keys (m64n64k16 SS over the
-//          interleaved ring, SA90_BWD_S64; 32 k-steps each, K-major), P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
+//          interleaved ring, SA90_BWD_S64; 32 k-steps each, K-major),
+//          P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
 //          dS = sm_scale P (dP - delta); once consumer 1 has read the previous pair's
 //          tiles (named barrier kBarTilesFree):
 //            dS   -> dS   [64 heads][64 keys] (plain stores; A of consumer 1's dq)
@@ -70,7 +69,8 @@
 // 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
-// 2 x [32 x 512] 64 KiB (a pair's [64 x 512] tile, SA90_BWD_S64), dS, P^T, dS^T 3 x 8 KiB, slot keys of the ring's blocks (for the
+// 2 x [32 x 512] 64 KiB (one [64 x 512] tile of the pair, SA90_BWD_S64), dS, P^T, dS^T
+// 3 x 8 KiB, slot keys of the ring's blocks (for the
 // masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
 // "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
 // (16-byte stores). A ring of two buffers (not the forward's four) is what fits beside dO
@@ -209,12 +209,6 @@ static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in s
 // holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1) stored transposed: fragment
 // element (row, col) goes to row `col` of the stored matrix, position `row`. Lane l gives
 // the shared address of stored row l % 8 of matrix l / 8 (16 bytes).
-// Four 8x8 bf16 matrices from shared memory into the mma fragment layout (lane l gives the
-// address of row l % 8 of matrix l / 8).
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-
 __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
@@ -232,19 +226,6 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
 #endif
-// SA90_BWD_C0_OVERLAP=1: consumer 0's dKV chunks over two accumulator sets, each chunk's
-// products issued before the previous chunk's flush (as consumer 1); 0 (default): one set,
-// each chunk flushed before the next is issued.
-#ifndef SA90_BWD_C0_OVERLAP
-#define SA90_BWD_C0_OVERLAP 0
-#endif
-// SA90_BWD_C0_RS=1: consumer 0's dKV products take A (dS^T, P^T of the pair) from registers,
-// read once a pair from the tiles by ldmatrix (32 registers), instead of from shared memory
-// in every chunk: 16 instead of 16 KiB a chunk of A reads. 0 (default): SS.
-#ifndef SA90_BWD_C0_RS
-#define SA90_BWD_C0_RS 0
-#endif
-static_assert(!(SA90_BWD_C0_RS && SA90_BWD_C0_OVERLAP), "SA90_BWD_C0_RS: one accumulator set (with two, ptxas spills 310 bytes)");
 
 // 0 when the backward diagnostic `which` (DSV4_SA90_BWD_DIAG = 4, 5, 6) turns a store off:
 // false only at run time (smem_bytes > 0 always holds), so the arithmetic feeding the
@@ -661,66 +642,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const u32 on_b[2] = {odd ? on0 : pon0, odd ? on1 : pon1};
                 named_sync(3, 128);  // this consumer's tile stores are done before its products read them
                 const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
-#if SA90_BWD_C0_RS
-                // A of k-step ks: rows (keys) 16 warp + lane % 16, heads 16 ks + 8 (lane / 16)..
-                u32 ra_dst[4][4], ra_pt[4][4];
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    const u32 off = sw128(16 * warp + (lane & 15), 2 * ks + (lane >> 4));
-                    ldsm_x4(dst_base + off, ra_dst[ks]);
-                    ldsm_x4(pt_base + off, ra_pt[ks]);
-                }
-                // dq's products first (their A registers, da, are then free for the chunks').
-                wgmma_wait<0>();
-                fence_regs(dq);
-                mbar_arrive(free_bar + 0);
-                mbar_arrive(free_bar + 1);
-#endif
-#if SA90_BWD_C0_OVERLAP
-                // Two accumulator sets: chunk c's products run while chunk c - 1 is flushed
-                // (consumer 1's scheme).
-                float acc[2][kDkvN / 2];
-#pragma unroll
-                for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
-                    const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
-                    const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
-                    if (c > 0) wgmma_fence();
-#pragma unroll
-                    for (int ks = 0; ks < 4; ++ks) {
-                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-#if SA90_BWD_C0_RS
-                            wgmma_m64n64k16_rs<1>(acc[c % 2], ra_dst[ks], desc_advance(qnd, ks * 2048), ks > 0);
-                            wgmma_m64n64k16_rs<1>(acc[c % 2], ra_pt[ks], desc_advance(donm, ks * 2048), 1);
-#else
-                            wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                            wgmma_m64n64k16_ss<1>(acc[c % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-#endif
-                        }
-                    }
-                    wgmma_commit();
-                    wgmma_wait<1>();  // c = 0: dq's products (the ring is read); else chunk c - 1
-                    if (c == 0) {
-                        fence_regs(dq);
-                        mbar_arrive(free_bar + 0);
-                        mbar_arrive(free_bar + 1);
-                    } else {
-                        fence_regs(acc[(c - 1) % 2]);
-                        if constexpr (SA90_BWD_DET_F16) {
-                            flush_chunk_f16(p, acc[(c - 1) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
-                        } else {
-                            flush_chunk(p, acc[(c - 1) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
-                        }
-                    }
-                }
-                wgmma_wait<0>();
-                constexpr int kLast0 = (SA90_BWD_C0_CHUNKS - 1) % 2;
-                fence_regs(acc[kLast0]);
-                if constexpr (SA90_BWD_DET_F16) {
-                    flush_chunk_f16(p, acc[kLast0], det_entry(r0), det_entry(r1), on0, on1, SA90_BWD_C0_CHUNKS - 1, c4);
-                } else {
-                    flush_chunk(p, acc[kLast0], row_a, row_b, on_a, on_b, odd, kDkvN * (SA90_BWD_C0_CHUNKS - 1) + 4 * c4);
-                }
-#else
                 float acc[kDkvN / 2];
 #pragma unroll
                 for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
@@ -730,17 +651,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
                     for (int ks = 0; ks < 4; ++ks) {
                         if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-#if SA90_BWD_C0_RS
-                            wgmma_m64n64k16_rs<1>(acc, ra_dst[ks], desc_advance(qnd, ks * 2048), ks > 0);
-                            wgmma_m64n64k16_rs<1>(acc, ra_pt[ks], desc_advance(donm, ks * 2048), 1);
-#else
                             wgmma_m64n64k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
                             wgmma_m64n64k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-#endif
                         }
                     }
                     wgmma_commit();
-                    if (c == 0 && !SA90_BWD_C0_RS) {
+                    if (c == 0) {
                         wgmma_wait<1>();  // dq's products: the ring is read
                         fence_regs(dq);
                         mbar_arrive(free_bar + 0);
@@ -754,7 +670,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
                 }
-#endif
             }
 #else
             wgmma_wait<0>();
