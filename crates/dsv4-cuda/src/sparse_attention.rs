@@ -652,13 +652,15 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
-            // Consumer 0 takes three of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
-            // the deterministic mode's f32 rows were faster with none, its 16-bit ones are
-            // with three: v21, H200 S=16384 14.42-14.49 -> 14.19-14.29 ms, S=4096
-            // 3.177-3.198 -> 3.125-3.146). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS /
-            // SA90_BWD_DET_C0_CHUNKS (0..=7) set the atomic / deterministic count to compare.
-            let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("3");
-            let det_default = if compact { "3" } else { "0" };
+            // Consumer 0 takes two of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
+            // three before the pair's S and dP became one m64n64k16 (SA90_BWD_S64): with it,
+            // v27 calls 4-5, H200, two against three: atomic S=4096 1.7495-1.7592 against
+            // 1.7634-1.7660 ms, S=16384 8.31-8.40 against 8.32-8.53, deterministic -0.1 to
+            // -0.4 %; four lost 5 %; the deterministic mode's f32 rows were faster with none,
+            // v21). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS / SA90_BWD_DET_C0_CHUNKS (0..=7; its
+            // entries separated by commas) set the atomic / deterministic count to compare.
+            let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("2");
+            let det_default = if compact { "2" } else { "0" };
             let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or(det_default);
             let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
             let f16 = if deterministic && compact { "1" } else { "0" };

@@ -14,9 +14,10 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
 // dsv4-test-defines: SA90_BWD_DET_F16=1
+// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
@@ -216,13 +217,15 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 // SA90_BWD_C0_CHUNKS=N: consumer 0 also takes dKV chunks 0..N-1 (after its dq products;
 // one accumulator set, each chunk flushed before the next is issued), so 8 warps instead of
 // 4 issue reductions part of the time (the L2 probe's 3.4-3.6 TB/s used 8 warps an SM;
-// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 3 for
-// the atomic mode (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
+// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 2 for
+// the atomic mode and the deterministic mode's 16-bit rows since SA90_BWD_S64 shortened
+// consumer 0's S and dP (v27 calls 4-5, H200, against 3: atomic S=4096 1.750-1.759 vs
+// 1.763-1.766 ms, S=16384 8.31-8.40 vs 8.32-8.53; deterministic -0.1 to -0.4 %; 4: +5 %);
+// before it 3 (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
 // -> 1.902-1.904 with N = 2; N = 1: 8.97 / 1.913; v17 call 1, N = 2 / 3 / 4: S=4096
-// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08);
-// 3 for the deterministic mode's 16-bit rows too (v21: S=16384 14.42-14.49 -> 14.19-14.29,
-// S=4096 3.177-3.198 -> 3.125-3.146), 0 for its f32 rows (SA90_BWD_DET_F16=0: 18.54-18.57
-// -> 18.74 with N = 2, 18.63 with N = 1).
+// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08;
+// v21, 16-bit rows: S=16384 14.42-14.49 -> 14.19-14.29, S=4096 3.177-3.198 -> 3.125-3.146);
+// 0 for the f32 rows (SA90_BWD_DET_F16=0: 18.54-18.57 -> 18.74 with N = 2, 18.63 with N = 1).
 #ifndef SA90_BWD_C0_CHUNKS
 #define SA90_BWD_C0_CHUNKS 0
 #endif
