@@ -49,8 +49,8 @@
 //            dS^T -> dS^T [64 keys][64 heads]
 //          (kBarTilesReady to consumer 1), then dq[:, 0:256] += dS K[:, 0:256] (RS, dS
 //          from registers; K N-major: the forward's P V) and its half of the ring's frees;
-//          atomic mode: then dKV chunks 0 and 1 as consumer 1 does the others
-//          (SA90_BWD_C0_CHUNKS, below).
+//          then dKV chunks 0 and 1 as consumer 1 does the others (SA90_BWD_C0_CHUNKS,
+//          below; both modes).
 //     consumer 1: dq[:, 256:512] += dS K[:, 256:512] (SS from the dS tile), then (the rest
 //          of) dKV[pair's 64 keys] = dS^T Q + P^T dO (M = keys, K = heads: 4 k-steps; A K-major
 //          from the transposed tiles, B = the Q / dO tiles read N-major) in eight chunks of
