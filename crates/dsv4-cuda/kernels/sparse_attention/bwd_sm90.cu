@@ -13,6 +13,7 @@
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
+// dsv4-test-defines: DSV4_SA90_BWD_DIAG=8 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
@@ -317,7 +318,14 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
                 const u32 on = k ? on_b[rr] : on_a[rr];
                 // Predicated in the PTX rather than under an `if`: with a divergent branch
                 // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                if constexpr (SA90_BWD_ATOMIC != 0) {
+                if constexpr (SA90_BWD_ATOMIC != 0 && DSV4_SA90_BWD_DIAG == 8) {
+                    // Diagnostic: the same vectors as plain stores (L2 writes, no reduction).
+                    asm volatile(
+                        "{\n.reg .pred q;\n"
+                        "setp.ne.b32 q, %5, 0;\n"
+                        "@q st.global.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
+                } else if constexpr (SA90_BWD_ATOMIC != 0) {
                     asm volatile(
                         "{\n.reg .pred q;\n"
                         "setp.ne.b32 q, %5, 0;\n"

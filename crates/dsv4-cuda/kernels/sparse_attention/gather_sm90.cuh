@@ -17,7 +17,9 @@
 // the flush alone); =4 no reductions or stores, with the flush's arithmetic and every
 // product kept (the stores' predicates false at run time); =5 / =6 the 16-bit flush
 // without its scale stores / without its value stores; =7 each chunk's flush replaced by a
-// sum of its accumulators (products kept, the flush's arithmetic and memory gone). Each
+// sum of its accumulators (products kept, the flush's arithmetic and memory gone); =8
+// (the atomic kernel, SA90_BWD_ATOMIC) the flush's reductions as plain `st.global.v4` to
+// the same addresses: L2 writes of the same bytes and shape without the reduction. Each
 // against the default says what that part costs.
 #ifndef DSV4_SA90_BWD_DIAG
 #define DSV4_SA90_BWD_DIAG 0
