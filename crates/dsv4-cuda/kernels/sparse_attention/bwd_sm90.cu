@@ -14,6 +14,7 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=8 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: DSV4_SA90_BWD_DIAG=9 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
@@ -291,10 +292,9 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 // 42 MB accumulator resident: 8.90-8.92 against 8.93-8.94 ms at S=16384, noise.)
 template <int NA>
 __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
-    if constexpr (DSV4_SA90_BWD_DIAG == 7) {
+    if constexpr (DSV4_SA90_BWD_DIAG == 7 || DSV4_SA90_BWD_DIAG == 9) {
         diag_flush_sink(p, acc);
-        return;
-    }
+    } else {
 #pragma unroll
     for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
@@ -344,6 +344,7 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
             }
         }
     }
+    }
 }
 
 // The deterministic flush in 16 bits (SA90_BWD_DET_F16): chunk `chunk` of the
@@ -352,10 +353,9 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
 // its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
 // fp16 (32 contiguous bytes) and lane 0 the scale.
 __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
-    if constexpr (DSV4_SA90_BWD_DIAG == 7) {
+    if constexpr (DSV4_SA90_BWD_DIAG == 7 || DSV4_SA90_BWD_DIAG == 9) {
         diag_flush_sink(p, acc);
-        return;
-    }
+    } else {
     unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
     [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll
@@ -427,6 +427,7 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
                 "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
         }
     }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
@@ -481,7 +482,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
         sa90::producer_handoff(qdo_bar);
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
-        sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
+        sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
+                                                                     DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);
         return;
     }
 

@@ -19,8 +19,12 @@
 // without its scale stores / without its value stores; =7 each chunk's flush replaced by a
 // sum of its accumulators (products kept, the flush's arithmetic and memory gone); =8
 // (the atomic kernel, SA90_BWD_ATOMIC) the flush's reductions as plain `st.global.v4` to
-// the same addresses: L2 writes of the same bytes and shape without the reduction. Each
-// against the default says what that part costs.
+// the same addresses: L2 writes of the same bytes and shape without the reduction; =9 the
+// consumers as =7 (no flush) while the producer warpgroup issues the same reductions (of
+// zeros, 4 key rows x 128 B a warp instruction) into the dkv rows of each block's keys once
+// the consumers free its buffer (when their dKV products of it begin): the time a flush
+// taken off the consumers' instruction stream could reach (a bench of one 1024-slot chunk
+// of keys a row: T <= 1024). Each against the default says what that part costs.
 #ifndef DSV4_SA90_BWD_DIAG
 #define DSV4_SA90_BWD_DIAG 0
 #endif
@@ -140,8 +144,23 @@ __device__ __forceinline__ void bwd_kv_copy16(u32 dst, const void* src, bool val
 // group gg at + gg * GROUP_BYTES: [32 x 512] blocks (BUF_BYTES = kBlockBytes, GROUP_BYTES =
 // kGroupBytes), or the two blocks of a pair interleaved as one [64 x 512] tile (BUF_BYTES =
 // 32 rows x 128 B, GROUP_BYTES = 64 rows x 128 B: bwd_sm90.cu's SA90_BWD_S64).
+// DSV4_SA90_BWD_DIAG=9: zeros added by this warpgroup into the D = 512 f32 rows of `dkv_b`
+// ([K, 512], the row's batch) of the 32 keys of a block (-1: none): warp w the keys 8 w ..
+// 8 w + 7, each instruction 4 keys x 128 B.
+__device__ __forceinline__ void diag_reduce_block(float* dkv_b, const int* keys, int wtid) {
+    const int w = wtid / 32, l = wtid % 32;
+#pragma unroll 1
+    for (int q = 0; q < 2; ++q) {
+        const int key = keys[8 * w + 4 * q + l / 8];
+        float* const row = dkv_b + static_cast<i64>(max(key, 0)) * 512 + (l % 8) * 4;
+#pragma unroll 4
+        for (int h = 0; h < 16; ++h)
+            asm volatile("{\n.reg .pred q;\nsetp.ge.s32 q, %1, 0;\n@q red.relaxed.gpu.global.add.v4.f32 [%0], {%2, %2, %2, %2};\n}\n" ::"l"(row + 32 * h), "r"(key), "f"(0.0f) : "memory");
+    }
+}
+
 template <int NBUF, int BUF_BYTES = kBlockBytes, int GROUP_BYTES = kGroupBytes>
-__device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
+__device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid, [[maybe_unused]] float* diag_dkv = nullptr) {
     const int j = wtid % 8, r_base = wtid / 8;
     [[maybe_unused]] u64 kv_policy = 0;
     if constexpr (SA90_BWD_KV_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
@@ -159,6 +178,9 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
         const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
         const int buf = blk % NBUF;
         if (blk >= NBUF) hopper::mbar_wait(free_bar + buf, ((blk / NBUF) - 1) & 1);
+        if constexpr (DSV4_SA90_BWD_DIAG == 9) {
+            if (blk >= NBUF) diag_reduce_block(diag_dkv, row_keys + ((blk - NBUF) * kBN) % kChunk, wtid);
+        }
         if (j == 0) {
             keys_s[buf * kBN + r_base] = keys[0];
             keys_s[buf * kBN + r_base + 16] = keys[1];
@@ -175,6 +197,12 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
                 if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(dst + gg * GROUP_BYTES + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
         }
         producer_handoff(ready_bar + buf);
+    }
+    if constexpr (DSV4_SA90_BWD_DIAG == 9) {
+        for (int blk = max(n_blocks - NBUF, 0); blk < n_blocks; ++blk) {
+            hopper::mbar_wait(free_bar + blk % NBUF, (blk / NBUF) & 1);
+            diag_reduce_block(diag_dkv, row_keys + (blk * kBN) % kChunk, wtid);
+        }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
