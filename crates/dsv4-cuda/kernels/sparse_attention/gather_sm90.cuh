@@ -22,9 +22,10 @@
 // the same addresses: L2 writes of the same bytes and shape without the reduction; =9 the
 // consumers as =7 (no flush) while the producer warpgroup issues the same reductions (of
 // zeros, 4 key rows x 128 B a warp instruction) into the dkv rows of each block's keys once
-// the consumers free its buffer (when their dKV products of it begin): the time a flush
-// taken off the consumers' instruction stream could reach (a bench of one 1024-slot chunk
-// of keys a row: T <= 1024). Each against the default says what that part costs.
+// the consumers free its buffer (when their dKV products of it begin; after the next
+// block's copies are issued): the time a flush taken off the consumers' instruction
+// stream could reach (a bench of one 1024-slot chunk of keys a row: T <= 1024). Each
+// against the default says what that part costs.
 #ifndef DSV4_SA90_BWD_DIAG
 #define DSV4_SA90_BWD_DIAG 0
 #endif
@@ -178,9 +179,6 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
         const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
         const int buf = blk % NBUF;
         if (blk >= NBUF) hopper::mbar_wait(free_bar + buf, ((blk / NBUF) - 1) & 1);
-        if constexpr (DSV4_SA90_BWD_DIAG == 9) {
-            if (blk >= NBUF) diag_reduce_block(diag_dkv, row_keys + ((blk - NBUF) * kBN) % kChunk, wtid);
-        }
         if (j == 0) {
             keys_s[buf * kBN + r_base] = keys[0];
             keys_s[buf * kBN + r_base + 16] = keys[1];
@@ -197,6 +195,10 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
                 if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(dst + gg * GROUP_BYTES + hopper::sw128(r, j), key >= 0 ? row + gg * 64 : row, key >= 0, kv_policy);
         }
         producer_handoff(ready_bar + buf);
+        if constexpr (DSV4_SA90_BWD_DIAG == 9) {
+            // (after this block's copies are issued, so that they do not wait for these)
+            if (blk >= NBUF) diag_reduce_block(diag_dkv, row_keys + ((blk - NBUF) * kBN) % kChunk, wtid);
+        }
     }
     if constexpr (DSV4_SA90_BWD_DIAG == 9) {
         for (int blk = max(n_blocks - NBUF, 0); blk < n_blocks; ++blk) {
