@@ -296,54 +296,54 @@ __device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const 
         diag_flush_sink(p, acc);
     } else {
 #pragma unroll
-    for (int m = 0; m < NA / 8; m += 2) {
+        for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
-            const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
-            const float4 send = odd ? a : c;
-            float4 recv;
-            recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
-            recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
-            recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
-            recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
-            // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
-            // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
-            const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
-            const int gcol = col + 16 * (m + (odd ? 1 : 0));
+            for (int rr = 0; rr < 2; ++rr) {
+                const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
+                const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
+                const float4 send = odd ? a : c;
+                float4 recv;
+                recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
+                recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
+                recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
+                recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
+                // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
+                // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
+                const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
+                const int gcol = col + 16 * (m + (odd ? 1 : 0));
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const float4 v = k ? v2 : v1;
-                float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
-                const u32 on = k ? on_b[rr] : on_a[rr];
-                // Predicated in the PTX rather than under an `if`: with a divergent branch
-                // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                if constexpr (SA90_BWD_ATOMIC != 0 && DSV4_SA90_BWD_DIAG == 8) {
-                    // Diagnostic: the same vectors as plain stores (L2 writes, no reduction).
-                    asm volatile(
-                        "{\n.reg .pred q;\n"
-                        "setp.ne.b32 q, %5, 0;\n"
-                        "@q st.global.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
-                } else if constexpr (SA90_BWD_ATOMIC != 0) {
-                    asm volatile(
-                        "{\n.reg .pred q;\n"
-                        "setp.ne.b32 q, %5, 0;\n"
-                        "@q red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
-                } else {
-                    asm volatile(
-                        "{\n.reg .pred q, d, a;\n"
-                        "setp.ne.b32 q, %5, 0;\n"
-                        "setp.ne.and.b32 d, %6, 0, q;\n"
-                        "setp.eq.and.b32 a, %6, 0, q;\n"
-                        "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                        "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                for (int k = 0; k < 2; ++k) {
+                    const float4 v = k ? v2 : v1;
+                    float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
+                    const u32 on = k ? on_b[rr] : on_a[rr];
+                    // Predicated in the PTX rather than under an `if`: with a divergent branch
+                    // between a wgmma's issue and its wait ptxas serialized the products (C7518).
+                    if constexpr (SA90_BWD_ATOMIC != 0 && DSV4_SA90_BWD_DIAG == 8) {
+                        // Diagnostic: the same vectors as plain stores (L2 writes, no reduction).
+                        asm volatile(
+                            "{\n.reg .pred q;\n"
+                            "setp.ne.b32 q, %5, 0;\n"
+                            "@q st.global.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
+                    } else if constexpr (SA90_BWD_ATOMIC != 0) {
+                        asm volatile(
+                            "{\n.reg .pred q;\n"
+                            "setp.ne.b32 q, %5, 0;\n"
+                            "@q red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
+                    } else {
+                        asm volatile(
+                            "{\n.reg .pred q, d, a;\n"
+                            "setp.ne.b32 q, %5, 0;\n"
+                            "setp.ne.and.b32 d, %6, 0, q;\n"
+                            "setp.eq.and.b32 a, %6, 0, q;\n"
+                            "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                            "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
+                    }
                 }
             }
         }
-    }
     }
 }
 
@@ -356,77 +356,77 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
     if constexpr (DSV4_SA90_BWD_DIAG == 7 || DSV4_SA90_BWD_DIAG == 9) {
         diag_flush_sink(p, acc);
     } else {
-    unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
-    [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
+        unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
+        [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        float mx = 0.0f;
-        u32 h[kDkvN / 8];
-        if constexpr (SA90_BWD_DET_BF16 != 0) {
+        for (int rr = 0; rr < 2; ++rr) {
+            float mx = 0.0f;
+            u32 h[kDkvN / 8];
+            if constexpr (SA90_BWD_DET_BF16 != 0) {
 #pragma unroll
-            for (int j = 0; j < kDkvN / 8; ++j) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(acc[4 * j + 2 * rr + 1]), "f"(acc[4 * j + 2 * rr]));
-        } else {
-#pragma unroll
-            for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
-            // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
-            float inv = 0.0f;
-            if constexpr (SA90_BWD_DET_RCP != 0) {
-                asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv) : "f"(mx));
-                inv = mx >= 1.17549435e-38f ? inv : 0.0f;
+                for (int j = 0; j < kDkvN / 8; ++j) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(acc[4 * j + 2 * rr + 1]), "f"(acc[4 * j + 2 * rr]));
             } else {
-                inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
-            }
 #pragma unroll
-            for (int j = 0; j < kDkvN / 8; ++j) {
-                const float x = acc[4 * j + 2 * rr] * inv, y = acc[4 * j + 2 * rr + 1] * inv;
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(y), "f"(x));  // x in the low half
+                for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
+                mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
+                // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
+                float inv = 0.0f;
+                if constexpr (SA90_BWD_DET_RCP != 0) {
+                    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv) : "f"(mx));
+                    inv = mx >= 1.17549435e-38f ? inv : 0.0f;
+                } else {
+                    inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kDkvN / 8; ++j) {
+                    const float x = acc[4 * j + 2 * rr] * inv, y = acc[4 * j + 2 * rr + 1] * inv;
+                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(y), "f"(x));  // x in the low half
+                }
+            }
+            const i64 e = rr ? e1 : e0;
+            const u32 on = (rr ? on1 : on0) & diag_keep(p, 6);
+            if constexpr (SA90_BWD_DET_LINES != 0) {
+                // Even quad: unit c4 of its own row (h[0..3]), then unit c4 of the odd row
+                // (received); odd quad: unit 4 + c4 of the even row (received), then of its own
+                // row (h[4..7]). Key row r ^ 1's entry is e -+ n_hblk.
+                const bool odd = (threadIdx.x >> 2) & 1;
+                const u32 s0 = odd ? h[0] : h[4], s1 = odd ? h[1] : h[5], s2 = odd ? h[2] : h[6], s3 = odd ? h[3] : h[7];
+                const u32 r0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 4), r1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 4);
+                const u32 r2 = __shfl_xor_sync(DSV4_FULL_MASK, s2, 4), r3 = __shfl_xor_sync(DSV4_FULL_MASK, s3, 4);
+                const u32 pon = __shfl_xor_sync(DSV4_FULL_MASK, on, 4);
+                const i64 e_pair = odd ? e - static_cast<i64>(gridDim.y) : e + static_cast<i64>(gridDim.y);
+                const i64 e_even = odd ? e_pair : e, e_odd = odd ? e : e_pair;
+                const int unit = odd ? 32 + 8 * c4 : 8 * c4;  // in fp16 values
+                unsigned short* const dst_even = vals + e_even * kD + chunk * kDkvN + unit;
+                unsigned short* const dst_odd = vals + e_odd * kD + chunk * kDkvN + unit;
+                const u32 a0 = odd ? r0 : h[0], a1 = odd ? r1 : h[1], a2 = odd ? r2 : h[2], a3 = odd ? r3 : h[3];
+                const u32 b0 = odd ? h[4] : r0, b1 = odd ? h[5] : r1, b2 = odd ? h[6] : r2, b3 = odd ? h[7] : r3;
+                asm volatile(
+                    "{\n.reg .pred q, w;\n"
+                    "setp.ne.b32 q, %10, 0;\n"
+                    "setp.ne.b32 w, %11, 0;\n"
+                    "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
+                    "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
+                    "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
+            } else {
+                // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
+                unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
+                constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
+                asm volatile(
+                    "{\n.reg .pred q;\n"
+                    "setp.ne.b32 q, %9, 0;\n"
+                    "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                    "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
+                    "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
+            }
+            if constexpr (SA90_BWD_DET_BF16 == 0) {
+                asm volatile(
+                    "{\n.reg .pred q;\n"
+                    "setp.ne.b32 q, %2, 0;\n"
+                    "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
             }
         }
-        const i64 e = rr ? e1 : e0;
-        const u32 on = (rr ? on1 : on0) & diag_keep(p, 6);
-        if constexpr (SA90_BWD_DET_LINES != 0) {
-            // Even quad: unit c4 of its own row (h[0..3]), then unit c4 of the odd row
-            // (received); odd quad: unit 4 + c4 of the even row (received), then of its own
-            // row (h[4..7]). Key row r ^ 1's entry is e -+ n_hblk.
-            const bool odd = (threadIdx.x >> 2) & 1;
-            const u32 s0 = odd ? h[0] : h[4], s1 = odd ? h[1] : h[5], s2 = odd ? h[2] : h[6], s3 = odd ? h[3] : h[7];
-            const u32 r0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 4), r1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 4);
-            const u32 r2 = __shfl_xor_sync(DSV4_FULL_MASK, s2, 4), r3 = __shfl_xor_sync(DSV4_FULL_MASK, s3, 4);
-            const u32 pon = __shfl_xor_sync(DSV4_FULL_MASK, on, 4);
-            const i64 e_pair = odd ? e - static_cast<i64>(gridDim.y) : e + static_cast<i64>(gridDim.y);
-            const i64 e_even = odd ? e_pair : e, e_odd = odd ? e : e_pair;
-            const int unit = odd ? 32 + 8 * c4 : 8 * c4;  // in fp16 values
-            unsigned short* const dst_even = vals + e_even * kD + chunk * kDkvN + unit;
-            unsigned short* const dst_odd = vals + e_odd * kD + chunk * kDkvN + unit;
-            const u32 a0 = odd ? r0 : h[0], a1 = odd ? r1 : h[1], a2 = odd ? r2 : h[2], a3 = odd ? r3 : h[3];
-            const u32 b0 = odd ? h[4] : r0, b1 = odd ? h[5] : r1, b2 = odd ? h[6] : r2, b3 = odd ? h[7] : r3;
-            asm volatile(
-                "{\n.reg .pred q, w;\n"
-                "setp.ne.b32 q, %10, 0;\n"
-                "setp.ne.b32 w, %11, 0;\n"
-                "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
-                "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
-                "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
-        } else {
-            // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
-            unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
-            constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
-            asm volatile(
-                "{\n.reg .pred q;\n"
-                "setp.ne.b32 q, %9, 0;\n"
-                "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
-                "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
-                "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
-        }
-        if constexpr (SA90_BWD_DET_BF16 == 0) {
-            asm volatile(
-                "{\n.reg .pred q;\n"
-                "setp.ne.b32 q, %2, 0;\n"
-                "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
-        }
-    }
     }
 }
 
