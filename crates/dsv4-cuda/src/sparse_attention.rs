@@ -653,7 +653,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let lse_st = strides_i64(&a.lse);
         let (smem, k, block) = if hopper {
             // Consumer 0 takes two of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
-            // three before the pair's S and dP became one m64n64k16 (SA90_BWD_S64): with it,
+            // three before the pair's S and dP became one m64n64k16 (v27): with it,
             // v27 calls 4-5, H200, two against three: atomic S=4096 1.7495-1.7592 against
             // 1.7634-1.7660 ms, S=16384 8.31-8.40 against 8.32-8.53, deterministic -0.1 to
             // -0.4 %; four lost 5 %; the deterministic mode's f32 rows were faster with none,

@@ -17,7 +17,6 @@
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=9 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3 SA90_BWD_ATOMIC=1 SA90_BWD_S64=0
 // dsv4-test-defines: SA90_BWD_DET_F16=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
@@ -42,7 +41,7 @@
 //        the consumers split by role (since v16; before, each consumer took one block of
 //        the pair and half of every product, and both stopped their products to flush):
 //     consumer 0: S = Q K^T, dP = dO K^T of the pair's 64 keys (m64n64k16 SS over the
-//          interleaved ring, SA90_BWD_S64; 32 k-steps each, K-major),
+//          interleaved ring; 32 k-steps each, K-major),
 //          P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
 //          dS = sm_scale P (dP - delta); once consumer 1 has read the previous pair's
 //          tiles (named barrier kBarTilesFree):
@@ -72,7 +71,7 @@
 // 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
-// 2 x [32 x 512] 64 KiB (one [64 x 512] tile of the pair, SA90_BWD_S64), dS, P^T, dS^T
+// 2 x [32 x 512] 64 KiB (one [64 x 512] tile of the pair), dS, P^T, dS^T
 // 3 x 8 KiB, slot keys of the ring's blocks (for the
 // masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
 // "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
@@ -155,17 +154,6 @@ static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DE
 #define SA90_BWD_DET_RCP 1
 #endif
 
-// SA90_BWD_S64=1 (default): the ring holds a pair's two blocks interleaved as one [64 keys x
-// 512] SW128 tile (the 64-column groups 64 rows x 128 B apart, block bb in rows 32 bb..), so
-// S and dP of the pair are one m64n64k16 each a k-step, reading Q / dO once for 64 keys:
-// 4 instead of 6 KiB of shared memory a k-step pair, 32 instead of 64 wgmma (H200, v27
-// call 2: atomic S=4096 1.893 / 1.895 -> 1.764 / 1.761 ms, S=16384 8.85 / 8.71 -> 8.24 /
-// 8.31; deterministic 2.483 / 2.480 -> 2.347 / 2.344, 11.44 / 11.48 -> 10.88 / 10.90). 0:
-// two [32 x 512] blocks, m64n32k16 products of each.
-#ifndef SA90_BWD_S64
-#define SA90_BWD_S64 1
-#endif
-
 namespace {
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M of S, dP, dq)
@@ -176,10 +164,15 @@ constexpr int kThreads = 384;
 constexpr int kGroupBytes = kBN * 128;   // one SW128 group of a block: 64 columns
 constexpr int kQGroupBytes = kHB * 128;  // one SW128 group of Q / dO: 64 columns
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
-// The ring's layout (SA90_BWD_S64): block bb of the pair at kv_base + bb * kRingBlockBytes,
-// its 64-column group gg at + gg * kRingGroupBytes (both layouts: 2 x 32 KiB).
-constexpr int kRingBlockBytes = SA90_BWD_S64 ? kBN * 128 : kBlockBytes;
-constexpr int kRingGroupBytes = SA90_BWD_S64 ? kPair * 128 : kGroupBytes;
+// The ring holds the pair's two blocks interleaved as one [64 keys x 512] SW128 tile: block
+// bb in rows 32 bb.. (at kv_base + bb * kRingBlockBytes), the 64-column groups 64 rows x
+// 128 B apart (kRingGroupBytes), so S and dP of the pair are one m64n64k16 each a k-step,
+// reading Q / dO once for 64 keys: 4 instead of 6 KiB of shared memory a k-step pair and 32
+// instead of 64 wgmma against two [32 x 512] blocks with m64n32k16 products of each (H200,
+// v27 call 2: atomic S=4096 1.893 / 1.895 -> 1.764 / 1.761 ms, S=16384 8.85 / 8.71 ->
+// 8.24 / 8.31; deterministic 2.483 / 2.480 -> 2.347 / 2.344, 11.44 / 11.48 -> 10.88 / 10.90).
+constexpr int kRingBlockBytes = kBN * 128;
+constexpr int kRingGroupBytes = kPair * 128;
 constexpr int kTileBytes = 64 * 128;     // [64 x 64] bf16 SW128: dS, P^T, dS^T
 constexpr int kDkvN = 64;                // dKV columns per chunk (32 f32 accumulators a thread)
 constexpr int kChunk = 1024;             // slot keys the producer reads per index pass
@@ -220,8 +213,8 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
 // one accumulator set, each chunk flushed before the next is issued), so 8 warps instead of
 // 4 issue reductions part of the time (the L2 probe's 3.4-3.6 TB/s used 8 warps an SM;
 // consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 2 for
-// the atomic mode and the deterministic mode's 16-bit rows since SA90_BWD_S64 shortened
-// consumer 0's S and dP (v27 calls 4-5, H200, against 3: atomic S=4096 1.750-1.759 vs
+// the atomic mode and the deterministic mode's 16-bit rows since the pair's m64n64 S and dP
+// shortened consumer 0's (v27 calls 4-5, H200, against 3: atomic S=4096 1.750-1.759 vs
 // 1.763-1.766 ms, S=16384 8.31-8.40 vs 8.32-8.53; deterministic -0.1 to -0.4 %; 4: +5 %);
 // before it 3 (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
 // -> 1.902-1.904 with N = 2; N = 1: 8.97 / 1.913; v17 call 1, N = 2 / 3 / 4: S=4096
@@ -539,17 +532,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         [[maybe_unused]] auto det_entry = [&](int r) -> i64 { return (static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb; };
         if (cw == 0) {
             // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
-            // SC(bb, i) / DP(bb, i): element i of block bb's m64n32 accumulator layout (in
-            // the m64n64 layout of SA90_BWD_S64, n8 tile 4 bb + i / 4).
-#if SA90_BWD_S64
+            // (block bb's columns are n8 tiles 4 bb.. of the m64n64 accumulators: sc[16 bb + i])
             float sc[32], dp[32];
-#define SC(bb, i) sc[16 * (bb) + (i)]
-#define DP(bb, i) dp[16 * (bb) + (i)]
-#else
-            float sc[2][16], dp[2][16];
-#define SC(bb, i) sc[bb][i]
-#define DP(bb, i) dp[bb][i]
-#endif
             mbar_wait(ready_bar + 0, par);
             mbar_wait(ready_bar + 1, par);
             sa90::consumer_after_ready();
@@ -560,29 +544,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
                 const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
                 if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-#if SA90_BWD_S64
                     wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
                     wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
-#else
-#pragma unroll
-                    for (int bb = 0; bb < 2; ++bb) {
-                        wgmma_m64n32k16_ss<0>(sc[bb], desc_advance(qd0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
-                        wgmma_m64n32k16_ss<0>(dp[bb], desc_advance(dod0, qo), desc_advance(kd0, ko + bb * kBlockBytes), ks > 0);
-                    }
-#endif
                 }
             }
             wgmma_commit();
             wgmma_wait<0>();
-#if SA90_BWD_S64
             fence_regs(sc);
             fence_regs(dp);
-#else
-            fence_regs(sc[0]);
-            fence_regs(sc[1]);
-            fence_regs(dp[0]);
-            fence_regs(dp[1]);
-#endif
 
             // P and dS as bf16 pairs, per block bb (bwd.cu's formulas in log2 units):
             // pp[bb][jj][0 / 1] = P[r0 / r1][32 bb + 8 jj + 2 c4 ..]; da[2 bb + jj / 2] = dS
@@ -597,18 +566,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 for (int jj = 0; jj < 4; ++jj) {
                     const int col = 8 * jj + 2 * c4;
                     const bool v0 = keys[col] >= 0, v1 = keys[col + 1] >= 0;
-                    const float p00 = v0 ? sa90::exp2_p(SC(bb, 4 * jj + 0) * s_scale - lse0) : 0.0f;
-                    const float p01 = v1 ? sa90::exp2_p(SC(bb, 4 * jj + 1) * s_scale - lse0) : 0.0f;
-                    const float p10 = v0 ? sa90::exp2_p(SC(bb, 4 * jj + 2) * s_scale - lse1) : 0.0f;
-                    const float p11 = v1 ? sa90::exp2_p(SC(bb, 4 * jj + 3) * s_scale - lse1) : 0.0f;
+                    const float p00 = v0 ? sa90::exp2_p(sc[16 * bb + 4 * jj + 0] * s_scale - lse0) : 0.0f;
+                    const float p01 = v1 ? sa90::exp2_p(sc[16 * bb + 4 * jj + 1] * s_scale - lse0) : 0.0f;
+                    const float p10 = v0 ? sa90::exp2_p(sc[16 * bb + 4 * jj + 2] * s_scale - lse1) : 0.0f;
+                    const float p11 = v1 ? sa90::exp2_p(sc[16 * bb + 4 * jj + 3] * s_scale - lse1) : 0.0f;
                     pp[bb][jj][0] = pack_bf16(p00, p01);
                     pp[bb][jj][1] = pack_bf16(p10, p11);
-                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (DP(bb, 4 * jj + 0) - de0), p.sm_scale * p01 * (DP(bb, 4 * jj + 1) - de0));
-                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (DP(bb, 4 * jj + 2) - de1), p.sm_scale * p11 * (DP(bb, 4 * jj + 3) - de1));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 0] = pack_bf16(p.sm_scale * p00 * (dp[16 * bb + 4 * jj + 0] - de0), p.sm_scale * p01 * (dp[16 * bb + 4 * jj + 1] - de0));
+                    da[2 * bb + jj / 2][(jj % 2) * 2 + 1] = pack_bf16(p.sm_scale * p10 * (dp[16 * bb + 4 * jj + 2] - de1), p.sm_scale * p11 * (dp[16 * bb + 4 * jj + 3] - de1));
                 }
             }
-#undef SC
-#undef DP
 
             if (it > 0) named_sync(kBarTilesFree, 256);  // consumer 1's last products of the previous pair read the tiles
 #pragma unroll

@@ -157,10 +157,9 @@ __device__ __forceinline__ void diag_reduce_block(float* dkv_b, const int* keys,
 }
 
 // Block blk's rows go to buffer buf = blk % NBUF at kv_base + buf * BUF_BYTES, its 64-column
-// group gg at + gg * GROUP_BYTES: [32 x 512] blocks (BUF_BYTES = kBlockBytes, GROUP_BYTES =
-// kGroupBytes), or the two blocks of a pair interleaved as one [64 x 512] tile (BUF_BYTES =
-// 32 rows x 128 B, GROUP_BYTES = 64 rows x 128 B: bwd_sm90.cu's SA90_BWD_S64).
-template <int NBUF, int BUF_BYTES = kBlockBytes, int GROUP_BYTES = kGroupBytes>
+// group gg at + gg * GROUP_BYTES (bwd_sm90.cu: the two blocks of a pair interleaved as one
+// [64 x 512] tile, BUF_BYTES = 32 rows x 128 B, GROUP_BYTES = 64 rows x 128 B).
+template <int NBUF, int BUF_BYTES, int GROUP_BYTES>
 __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_blocks, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid, [[maybe_unused]] float* diag_dkv = nullptr) {
     const int j = wtid % 8, r_base = wtid / 8;
     [[maybe_unused]] u64 kv_policy = 0;
