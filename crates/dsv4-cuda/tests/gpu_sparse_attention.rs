@@ -646,15 +646,13 @@ fn small_unsupported_inputs_say_why() {
 // ------------------------------------------------------------------------------------
 // The DeepSeek-V4 shape
 
-/// B=2, S=1024, H=64, D=512; K = S + S/4 (uncompressed then pooled keys); T = 640 slots:
-/// a 128-key causal window plus 512 random picks among the visible pooled keys.
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
-fn deepseek_v4_shape_b2_s1024_h64_d512_t640() {
-    let (b, s, h, d) = (2usize, 1024usize, 64usize, 512usize);
-    let (ratio, pooled, tc, window) = (4usize, 256usize, 512usize, 128usize);
+/// DeepSeek-V4 style inputs: K = S + S/ratio (uncompressed then pooled keys), T = window +
+/// tc slots from `build_sparse_topk_indices`: a causal window of `window` keys plus `tc`
+/// random picks among the visible pooled keys.
+fn v4_inputs(rng: &mut Rng, b: usize, s: usize, h: usize, window: usize, ratio: usize, tc: usize) -> (Case, Inputs) {
+    let d = 512;
+    let pooled = s / ratio;
     let k = s + pooled;
-    let mut rng = Rng(19);
     let mut picks = vec![-1i32; b * s * tc];
     for bi in 0..b {
         for si in 0..s {
@@ -690,6 +688,29 @@ fn deepseek_v4_shape_b2_s1024_h64_d512_t640() {
         idx,
         dout: bf16_pair(&[b, s, h, d], &dov),
     };
+    (c, x)
+}
+
+/// Windowed selections (consecutive rows share all but one window key) over an odd S, three
+/// batch rows, more rows than a wave of CTAs, with and without a plan: short rows (below the
+/// window) and rows of several iterations through the Hopper forward.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn small_hopper_forward_windowed_rows() {
+    let mut rng = Rng(25);
+    let (c, x) = v4_inputs(&mut rng, 3, 301, 64, 128, 4, 200);
+    check(forward_vs_reference(&x, &c, &[false, true]));
+}
+
+/// B=2, S=1024, H=64, D=512; K = S + S/4 (uncompressed then pooled keys); T = 640 slots:
+/// a 128-key causal window plus 512 random picks among the visible pooled keys.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-test.sh"]
+fn deepseek_v4_shape_b2_s1024_h64_d512_t640() {
+    let (b, s, h) = (2usize, 1024usize, 64usize);
+    let mut rng = Rng(19);
+    let (c, x) = v4_inputs(&mut rng, b, s, h, 128, 4, 512);
+    let k = c.k;
     let da = dev_args(&x, SparseIndices::TopK(x.idx_dev.view()), false);
     let (out, lse) = gpu_forward(&da, &c);
     let ha = host_args(&x, false);
