@@ -8,7 +8,6 @@
 // dsv4-test-defines: SA90_PREFETCH=0
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 // dsv4-test-defines: SA90_TRACE=1
-// dsv4-test-defines: SA90_FWD_HOIST=0
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
@@ -97,14 +96,6 @@ using dsv4::sa::slot_key;
 #define SA90_PRODUCER_REGS 56
 #endif
 static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
-
-// SA90_FWD_HOIST=1 (default since v28): the producer reads a half's slot keys and computes
-// its source rows before it waits for the half to be freed, and publishes the block's keys
-// for the masks after its copies are issued, so that only the copies follow the wait (the
-// refill of a freed half is the critical path, v17). 0: as before (to compare).
-#ifndef SA90_FWD_HOIST
-#define SA90_FWD_HOIST 1
-#endif
 
 // SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup, for every 8th row,
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
@@ -661,46 +652,35 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     // with source size 0: nothing), so that the four rows' address chains overlap
                     // (the SA90_TRACE / ncu profile of v12: one dependent chain per row, ~50
                     // instructions, made issuing a 32 KiB half take 700-1,500 cycles).
-                    // SA90_FWD_HOIST=1: keys and source rows before the "free" wait, so that
-                    // only the copies follow it.
+                    // Keys and source rows before the "free" wait, the block's keys for the
+                    // consumers' masks after the copies: only the copies follow the wait (the
+                    // refill of a freed half is the critical path; v28, H200: -0.6 to -1.2 % at
+                    // S=16384 against keys, rows and mask keys after the wait).
                     int key[4];
-                    const char* src_row[4];
-                    if constexpr (SA90_FWD_HOIST != 0) {
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
+                    for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
+                    const char* src[4];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            src_row[i] = kv_col + half * 512 + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
-                            asm volatile("" : "+l"(src_row[i]));  // computed here, not sunk past the wait
-                        }
+                    for (int i = 0; i < 4; ++i) {
+                        src[i] = kv_col + half * 512 + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
+                        asm volatile("" : "+l"(src[i]));  // computed here: ptxas would sink it past the wait
                     }
                     if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
                     if (it < 14) SA90_T(16 + 8 * it + 2 * step);
-                    if constexpr (SA90_FWD_HOIST == 0) {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
-                    }
-                    // The block's keys for the consumers' masks (SA90_FWD_HOIST: after the copies)
-                    auto publish_keys = [&]() {
-                        if (half == buf && j == 0) {
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
-                            mbar_arrive(keys_bar + buf);
-                        }
-                    };
-                    if constexpr (SA90_FWD_HOIST == 0) publish_keys();
                     // Rows r_base + 16 i share r % 8, so their SW128 offsets are 16 i rows apart.
                     const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
-                    const char* col = kv_col + half * 512;
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        const char* src = SA90_FWD_HOIST != 0 ? src_row[i] : col + static_cast<u64>(max(key[i], 0)) * kv_row_bytes;
 #pragma unroll
                         for (int gg = 0; gg < 4; ++gg)
-                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16_policy(dst + i * 16 * 128 + gg * kGroupBytes, src + gg * 128, key[i] >= 0, kv_policy);
+                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16_policy(dst + i * 16 * 128 + gg * kGroupBytes, src[i] + gg * 128, key[i] >= 0, kv_policy);
                     }
                     sa90::producer_handoff(ready_bar + buf * 2 + half);
-                    if constexpr (SA90_FWD_HOIST != 0) publish_keys();
+                    if (half == buf && j == 0) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
+                        mbar_arrive(keys_bar + buf);
+                    }
                     if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
                 }
             }
