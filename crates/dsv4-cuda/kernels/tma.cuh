@@ -65,5 +65,13 @@ __device__ __forceinline__ void load_3d(u32 dst, const TmaDesc& map, int c0, int
         : "memory");
 }
 
+// The same for a 4D tensor map (c0 innermost .. c3).
+__device__ __forceinline__ void load_4d(u32 dst, const TmaDesc& map, int c0, int c1, int c2, int c3, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(desc_addr(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 }  // namespace tma
 }  // namespace dsv4

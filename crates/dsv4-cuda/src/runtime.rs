@@ -631,6 +631,15 @@ impl Kernel {
         unsafe { self.launch_args(grid, block, shared_bytes, &mut [params as *const P as *mut c_void, second as *const Q as *mut c_void]) }
     }
 
+    /// As [`Kernel::launch2`] for an entry of three parameters (`P`, `Q`, `R`).
+    ///
+    /// # Safety
+    /// As `launch2`, for the three arguments.
+    pub unsafe fn launch3<P: Copy, Q: Copy, R: Copy>(&self, grid: [u32; 3], block: [u32; 3], shared_bytes: u32, params: &P, second: &Q, third: &R) -> Result<()> {
+        // SAFETY: the caller's promise, for the three arguments the entry takes.
+        unsafe { self.launch_args(grid, block, shared_bytes, &mut [params as *const P as *mut c_void, second as *const Q as *mut c_void, third as *const R as *mut c_void]) }
+    }
+
     /// The launch itself: `args` holds one pointer per kernel parameter, each to a value
     /// of that parameter's type that lives for the call (the driver copies them).
     ///

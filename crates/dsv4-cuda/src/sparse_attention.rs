@@ -24,7 +24,7 @@ use dsv4_core::ops::sparse_attention::{BackwardImpl, Dims, SparseAttentionArgs, 
 use dsv4_core::ops::sparse_indices::SparseIndexPlan;
 use dsv4_core::{DType, Error, Result, Tensor, TensorView, TensorViewMut};
 
-use crate::runtime::Gpu;
+use crate::runtime::{Gpu, TmaDesc};
 
 /// Whether these kernels can run (`is_kernel_available("sparse_attn")`).
 pub const READY: bool = true;
@@ -513,6 +513,21 @@ pub fn use_hopper_fwd(gpu: &Gpu, dp: usize, reference_rounding: bool, dedup: boo
     gpu.hopper() && dp == 512 && !reference_rounding && !dedup && SA90_FWD_SMEM_BYTES <= gpu.props().max_shared_per_block_optin as usize
 }
 
+/// The box of `fwd_sm90.cu`'s Q loads (SA90_Q_TMA): one SW128 group, 64 columns x 64 heads.
+const SA90_Q_BOX: [u32; 4] = [64, 64, 1, 1];
+
+/// q `[B,S,H,512]` (element `strides` of b, s, h; d-stride 1) as the 4D tensor map of
+/// `fwd_sm90.cu`'s Q loads: dims {512, H, S, B} innermost first and the byte strides of H, S,
+/// B. A dim of size 1 is only read at coordinate 0, so its stride (which a view may give any
+/// value) is replaced by the one its extent implies.
+fn sa90_q_map_shape([b, s, h]: [usize; 3], strides: &[i64]) -> ([u64; 4], [u64; 3]) {
+    let bytes = |st: i64| u64::try_from(st).map_or(0, |v| v.saturating_mul(2));  // negative: 0, refused
+    let sh = if h == 1 { 512 * 2 } else { bytes(strides[2]) };
+    let ss = if s == 1 { sh.saturating_mul(h as u64) } else { bytes(strides[1]) };
+    let sb = if b == 1 { ss.saturating_mul(s as u64) } else { bytes(strides[0]) };
+    ([512, h as u64, s as u64, b as u64], [sh, ss, sb])
+}
+
 fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: IndexSource, dedup: bool, out: u64, lse: u64) -> Result<()> {
     if dm.b * dm.s == 0 {
         return Ok(());
@@ -524,8 +539,18 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
     // The Hopper kernel (fwd_sm90.cu): D = 512, 64 heads a CTA, exp2 arithmetic, no dedup.
     let hopper = use_hopper_fwd(gpu, dp, a.reference_rounding, dedup);
+    // Its Q tiles by TMA where q can be mapped (SA90_Q_TMA), unless DSV4_EXTRA_DEFINES has
+    // SA90_Q_TMA=0 (the producer's cp.async, to compare); the define is passed either way
+    // (it overrides DSV4_EXTRA_DEFINES), so the kernel matches the map passed.
+    let q_map = if hopper && crate::runtime::extra_define("SA90_Q_TMA") != Some("0") {
+        let (dims, strides) = sa90_q_map_shape([dm.b, dm.s, dm.h], &q.strides);
+        gpu.tma_map_bf16(q.ptr, &dims, &strides, &SA90_Q_BOX).ok()
+    } else {
+        None
+    };
     let (smem, k, block, grid_y) = if hopper {
-        (SA90_FWD_SMEM_BYTES, gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[])?, 384u32, dm.h.div_ceil(64))
+        let k = gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[("SA90_Q_TMA", (q_map.is_some() as u8).to_string())])?;
+        (SA90_FWD_SMEM_BYTES, k, 384u32, dm.h.div_ceil(64))
     } else {
         let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
         (fwd_smem_bytes(dp, tiles.hb, tiles.bn), k, tiles.threads(dp) as u32, tiles.head_blocks(dm.h))
@@ -573,8 +598,14 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     // [B,S,T] (or a cuda plan [B*S,1,T] with its [B*S] lengths) and masked slots are never
     // dereferenced; out (or the padded [B,S,H,dp] scratch) and lse are contiguous
     // [B,S,H,D] / [B,S,H] outputs (checked by the caller); B*S, K, T fit in int32; `smem`
-    // is this tile's layout, which the kernel checks.
-    unsafe { k.launch(grid, [block, 1, 1], smem as u32, &p)? };
+    // is this tile's layout, which the kernel checks. fwd_sm90.cu's second parameter is a
+    // TmaDesc: q's map (q as [B,S,H,512] at its strides: TMA reads only elements of q) with
+    // SA90_Q_TMA=1, zeros (unread) with SA90_Q_TMA=0.
+    if hopper {
+        unsafe { k.launch2(grid, [block, 1, 1], smem as u32, &p, &q_map.unwrap_or(TmaDesc::ZERO))? };
+    } else {
+        unsafe { k.launch(grid, [block, 1, 1], smem as u32, &p)? };
+    }
     if let Some(o) = &out_pad {
         // SAFETY: the scratch holds [B*S*H, dp] bf16 written above; out is [B*S*H, D].
         unsafe { unpad(gpu, o.ptr(), dm.b * dm.s * dm.h, dp, out, dm.d)? };
@@ -651,6 +682,22 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
         let out = rows_input(gpu, &a.out, dp)?;
         let dout = rows_input(gpu, &a.dout, dp)?;
         let lse_st = strides_i64(&a.lse);
+        // bwd_sm90.cu's Q and dO tiles by TMA where both can be mapped (SA90_BWD_QDO_TMA),
+        // unless DSV4_EXTRA_DEFINES has SA90_BWD_QDO_TMA=0 (the producer's cp.async, to
+        // compare); the define is passed either way, so the kernel matches the maps passed.
+        let qdo_maps = if hopper && crate::runtime::extra_define("SA90_BWD_QDO_TMA") != Some("0") {
+            let map = |v: &RowsInput| {
+                let (dims, strides) = sa90_q_map_shape([dm.b, dm.s, dm.h], &v.strides);
+                gpu.tma_map_bf16(v.ptr, &dims, &strides, &SA90_Q_BOX).ok()
+            };
+            map(&q).zip(map(&dout))
+        } else {
+            None
+        };
+        let (q_map, do_map) = qdo_maps.unwrap_or((TmaDesc::ZERO, TmaDesc::ZERO));
+        // bwd_sm90.cu takes the TmaDescs of q and dout as its second and third parameters
+        // (maps of [B,S,H,512] at their strides: TMA reads only their elements; zeros, unread,
+        // with SA90_BWD_QDO_TMA=0); the portable kernel takes the params alone.
         let (smem, k, block) = if hopper {
             // Consumer 0 takes two of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
             // three before the pair's S and dP became one m64n64k16 (v27): with it,
@@ -668,7 +715,8 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // SA90_BWD_ATOMIC: one predicated reduction a vector, 248 fewer instructions);
             // DSV4_EXTRA_DEFINES SA90_BWD_ATOMIC=0 keeps the kernel of either mode (to compare).
             let atomic_only = if !deterministic && crate::runtime::extra_define("SA90_BWD_ATOMIC") != Some("0") { "1" } else { "0" };
-            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into()), ("SA90_BWD_ATOMIC", atomic_only.into())])?, [384u32, 1, 1])
+            let qdo_tma = if qdo_maps.is_some() { "1" } else { "0" };
+            (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into()), ("SA90_BWD_ATOMIC", atomic_only.into()), ("SA90_BWD_QDO_TMA", qdo_tma.into())])?, [384u32, 1, 1])
         } else {
             (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
         };
@@ -732,7 +780,13 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // exactly one row, c < B*n_hblk*S = the grid. Hopper: CTA (x, y) owns row x < B*S
             // (chunk_base = 0; B*S - 1 - x with rows_desc) and heads [64y, 64y + 64), y <
             // n_hblk = ceil(H/64).
-            unsafe { k.launch(grid, block, smem as u32, &p)? };
+            unsafe {
+                if hopper {
+                    k.launch3(grid, block, smem as u32, &p, &q_map, &do_map)?
+                } else {
+                    k.launch(grid, block, smem as u32, &p)?
+                }
+            };
         } else {
             // Waves of rows: the main kernel stores each valid slot's dkv contribution, an
             // inverted index lists each key's (row, slot) entries in order, and the reduce
@@ -845,7 +899,13 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // rows_desc; the index counts the same launch rows) and head block y <
                 // n_hblk.
                 if !skip_main {
-                    unsafe { k.launch(grid, block, smem as u32, &p)? };
+                    unsafe {
+                        if hopper {
+                            k.launch3(grid, block, smem as u32, &p, &q_map, &do_map)?
+                        } else {
+                            k.launch(grid, block, smem as u32, &p)?
+                        }
+                    };
                 }
                 if index && !skip_reduce {
                     (ip.contrib, ip.n_rows) = (contrib.ptr(), n as i32);
@@ -1155,6 +1215,29 @@ fn plan_impl(op: &'static str, gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sa90_q_map_shapes_are_mappable() {
+        use crate::runtime::tma_bf16_problem;
+        // contiguous [B,S,H,512]
+        let (d, st) = sa90_q_map_shape([2, 300, 64], &[300 * 64 * 512, 64 * 512, 512]);
+        assert_eq!(d, [512, 64, 300, 2]);
+        assert_eq!(st, [1024, 64 * 1024, 300 * 64 * 1024]);
+        assert_eq!(tma_bf16_problem(0x1000, &d, &st, &SA90_Q_BOX), None);
+        // a [B,H,S,D] tensor transposed to [B,S,H,D]; H = 1 and B = 1 with odd strides
+        let (d, st) = sa90_q_map_shape([1, 300, 7], &[3, 512, 300 * 512]);
+        assert_eq!(st, [300 * 1024, 1024, 300 * 1024]);
+        assert_eq!(tma_bf16_problem(0x1000, &d, &st, &SA90_Q_BOX), None);
+        let (d, st) = sa90_q_map_shape([3, 5, 1], &[5 * 520, 520, 1]);
+        assert_eq!(st, [1024, 1040, 5 * 1040]);
+        assert_eq!(tma_bf16_problem(0x1000, &d, &st, &SA90_Q_BOX), None);
+        let (d, st) = sa90_q_map_shape([1, 1, 1], &[1, 1, 1]);
+        assert_eq!(tma_bf16_problem(0x1000, &d, &st, &SA90_Q_BOX), None);
+        // a head stride of 516 elements (1,032 bytes) is refused: the launcher then compiles
+        // the cp.async Q loads (rows_input packs such a q anyway: strides of 8 elements)
+        let (d, st) = sa90_q_map_shape([1, 4, 8], &[0, 8 * 516, 516]);
+        assert!(tma_bf16_problem(0x1000, &d, &st, &SA90_Q_BOX).is_some());
+    }
 
     #[test]
     fn tiles_fit_hopper_and_ampere() {

@@ -23,6 +23,7 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
+// dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: launch row
@@ -92,6 +93,7 @@
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
+#include "tma.cuh"
 #include "sparse_attention/params.cuh"
 #include "sparse_attention/tile.cuh"
 #include "sparse_attention/gather_sm90.cuh"
@@ -112,6 +114,16 @@ using dsv4::sa::slot_key;
 // rows): contributions [n, T, n_hblk, D] fp16, each 64-column chunk in the order
 // (quad lane c4, n8 tile j, e) = column 8 j + 2 c4 + e (a thread's 16 values contiguous),
 // then the scales [n, T, n_hblk, D / 64] f32.
+// SA90_BWD_QDO_TMA=1: the producer's thread 0 loads the row's Q and dO tiles by sixteen TMA
+// loads (one SW128 group of 64 heads x 64 columns each, heads >= H read as zeros) on the
+// Q/dO barrier (count 1, its bytes expected), and the other producer threads go straight to
+// the gather; the launcher compiles it where q and dout can be mapped (`q_map`, `do_map`:
+// 4D maps {512, H, S, B}) and passes zeros with SA90_BWD_QDO_TMA=0: the 128 producer
+// threads' 64 cp.async each, ahead of the row's first gathers.
+#ifndef SA90_BWD_QDO_TMA
+#define SA90_BWD_QDO_TMA 1
+#endif
+
 #ifndef SA90_BWD_DET_F16
 #define SA90_BWD_DET_F16 0
 #endif
@@ -423,7 +435,9 @@ __device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, co
     }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p) {
+// q_map, do_map: the TMA maps of q and dout (SA90_BWD_QDO_TMA=1); zeros (unread) with
+// SA90_BWD_QDO_TMA=0.
+extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p, const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc do_map) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
     if (SA90_BWD_ATOMIC != 0 && p.deterministic) __trap();  // compiled for the atomic mode alone
@@ -454,13 +468,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int n_iters = (n_slots + kPair - 1) / kPair;  // a pair of blocks each
 
     if (tid == 0) {
-        mbar_init(qdo_bar, 128);
+        mbar_init(qdo_bar, SA90_BWD_QDO_TMA ? 1 : 128);
         for (int i = 0; i < kNBuf; ++i) {
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
             mbar_init(keys_bar + i, sa90::kKeyWriters);
         }
         *flag_s = 0;
+        if constexpr (SA90_BWD_QDO_TMA != 0) tma::fence_barrier_init();  // the TMA unit completes bytes on qdo_bar
     }
     __syncthreads();
 
@@ -470,10 +485,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         const i64 bias = b * p.idx_bias;
         const bf16* kv_b = p.kv + b * p.kv_sb;
-        // Q and dO, one tile after the other (fewer live registers).
-        sa90::load_head_tile<2>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
-        sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
-        sa90::producer_handoff(qdo_bar);
+        if constexpr (SA90_BWD_QDO_TMA != 0) {
+            if (wtid == 0) {
+                const u32 bar = smem_u32(qdo_bar);
+                tma::arrive_expect_tx(bar, 16 * kQGroupBytes);
+#pragma unroll
+                for (int grp = 0; grp < 8; ++grp) tma::load_4d(q_base + grp * kQGroupBytes, q_map, 64 * grp, h0, s, b, bar);
+#pragma unroll
+                for (int grp = 0; grp < 8; ++grp) tma::load_4d(do_base + grp * kQGroupBytes, do_map, 64 * grp, h0, s, b, bar);
+            }
+        } else {
+            // Q and dO, one tile after the other (fewer live registers).
+            sa90::load_head_tile<2>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+            sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
+            sa90::producer_handoff(qdo_bar);
+        }
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
         sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
                                                                      DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);

@@ -9,6 +9,8 @@
 // dsv4-test-defines: DSV4_SA90_DIAG=8
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
+// dsv4-test-defines: SA90_Q_TMA=0
+// dsv4-test-defines: SA90_Q_TMA=0 SA90_TRACE=1
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
 // CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
@@ -54,6 +56,7 @@
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
+#include "tma.cuh"
 #include "sparse_attention/params.cuh"
 #include "sparse_attention/tile.cuh"
 #include "sparse_attention/gather_sm90.cuh"
@@ -96,6 +99,16 @@ using dsv4::sa::slot_key;
 #define SA90_PRODUCER_REGS 56
 #endif
 static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
+
+// SA90_Q_TMA=1: the producer's thread 0 loads a row's Q tile by eight TMA loads (one SW128
+// group of 64 heads x 64 columns each, heads >= H read as zeros) on the Q barrier (count 1,
+// its bytes expected); the launcher compiles it where q can be mapped (`q_map`, a 4D map
+// {512, H, S, B} of q) and passes zeros with SA90_Q_TMA=0: the 128 producer threads' 32
+// cp.async each (the v28 trace: ~6,400 cycles from the Q area's free to the Q barrier,
+// issued beside the consumers' output stores).
+#ifndef SA90_Q_TMA
+#define SA90_Q_TMA 1
+#endif
 
 // SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup, for every 8th row,
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
@@ -145,6 +158,7 @@ constexpr int kGroupBytes = kBN * 128;   // one SW128 group (64 columns) of a bl
 constexpr int kBlockBytes = 8 * kGroupBytes;  // [64 x 512] bf16
 constexpr int kHalfBytes = 4 * kGroupBytes;   // columns 0-255 or 256-511
 constexpr int kPBytes = kHB * 128;       // [64 x 64] bf16 SW128
+constexpr u32 kQBytes = kBlockBytes;     // the Q tile: what the Q barrier expects by TMA
 constexpr int kChunk = 1024;             // slot keys the producer reads per index pass
 
 // Byte offsets from the 1024-aligned base.
@@ -535,7 +549,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     }
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(const SparseAttnFwdParams p) {
+// q_map: the TMA map of q (SA90_Q_TMA=1); zeros (unread) with SA90_Q_TMA=0.
+extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(const SparseAttnFwdParams p, const __grid_constant__ TmaDesc q_map) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90SmemBytes) __trap();  // the launcher's layout disagrees with this one
     unsigned char* smem = align_1024(smem_raw);
@@ -555,12 +570,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     const int h0 = blockIdx.y * kHB;
 
     if (tid == 0) {
-        mbar_init(q_bar, 128);
+        mbar_init(q_bar, SA90_Q_TMA ? 1 : 128);
         for (int i = 0; i < 4; ++i) {
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
         }
         for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
+        if constexpr (SA90_Q_TMA != 0) {
+            tma::fence_barrier_init();  // the TMA unit completes bytes on q_bar
+            tma::prefetch_desc(q_map);
+        }
     }
     __syncthreads();
 
@@ -609,8 +628,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             // P0 V0_L, which follows its S0; consumer 1 after its S1). Buffer 0 L's refill
             // below waits for the same phase.
             if (g > 0) mbar_wait(free_bar + 0, (g - 1) & 1);
-            sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
-            sa90::producer_handoff(q_bar);
+            if constexpr (SA90_Q_TMA != 0) {
+                // (the consumers' wgmma reads of the last Q, async proxy, are complete before
+                // their arrivals on that free barrier; TMA writes through the same proxy)
+                if (wtid == 0) {
+                    const u32 bar = smem_u32(q_bar);
+                    tma::arrive_expect_tx(bar, kQBytes);
+#pragma unroll
+                    for (int grp = 0; grp < 8; ++grp) tma::load_4d(q_base + grp * kGroupBytes, q_map, 64 * grp, h0, s, b, bar);
+                }
+            } else {
+                sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
+                sa90::producer_handoff(q_bar);
+            }
             SA90_T(2);
             if (kq > 0) named_sync(8, 128);  // every producer thread is done with the last row's keys
             store_chunk_keys(k_first);
