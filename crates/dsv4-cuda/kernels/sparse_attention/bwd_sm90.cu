@@ -24,9 +24,7 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_DELTA=2 SA90_BWD_PREFETCH=1 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_DELTA=2 SA90_BWD_PREFETCH=1 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
-// dsv4-test-defines: SA90_BWD_DELTA=1 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: launch row
@@ -35,15 +33,17 @@
 // deterministic mode: its waves run from the last rows down, so the short remainder wave
 // holds a causal selection's cheap first rows), head block blockIdx.y, n_hblk = gridDim.y.
 // Three warpgroups:
-//   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier), then the row's
+//   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier; by TMA from one
+//        thread, SA90_BWD_QDO_TMA, while the others start the gather), then the row's
 //        slots in blocks of 32 keys gathered by cp.async into a ring of two 32 KiB buffers
 //        (one pair of blocks = the iteration's 64 keys; the rows are K and V at once: MQA),
 //        "ready" / "free" mbarriers per buffer, slot keys staged per 1024-slot chunk (as
 //        fwd_sm90.cu).
-//   WG 1 and WG 2, consumers 0 and 1: first delta[h] = <dout[h], out[h]> (from global
-//        memory, 4 threads a head) and lse in log2 units into shared memory. Then per pair
-//        the consumers split by role (since v16; before, each consumer took one block of
-//        the pair and half of every product, and both stopped their products to flush):
+//   WG 1 and WG 2, consumers 0 and 1: first delta[h] = <dout[h], out[h]> (out from global
+//        memory, dout from the dO tile, 4 threads a head) and lse in log2 units into
+//        shared memory. Then per pair the consumers split by role (since v16; before,
+//        each consumer took one block of the pair and half of every product, and both
+//        stopped their products to flush):
 //     consumer 0: S = Q K^T, dP = dO K^T of the pair's 64 keys (m64n64k16 SS over the
 //          interleaved ring; 32 k-steps each, K-major),
 //          P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
@@ -125,25 +125,6 @@ using dsv4::sa::slot_key;
 // threads' 64 cp.async each, ahead of the row's first gathers.
 #ifndef SA90_BWD_QDO_TMA
 #define SA90_BWD_QDO_TMA 1
-#endif
-
-// SA90_BWD_DELTA: how the consumers read out and dout for delta = <dout, out> at each
-// row's start, ahead of its first P (16 16-byte chunks of each a thread):
-//   0: from global memory, 4 chunks of each in flight (four rounds of DRAM latency);
-//   1: from global memory, every load issued before the first product (ptxas, at the
-//      kernel's 168 registers, issues half of them first: two rounds);
-//   2: out from global memory (its 16 loads first), dout from the dO tile in shared memory
-//      once the Q/dO barrier completes (one round, beside the tiles' own loads).
-// The sums are taken in the same order: delta is bitwise the same.
-#ifndef SA90_BWD_DELTA
-#define SA90_BWD_DELTA 0
-#endif
-// SA90_BWD_PREFETCH=1: the producer prefetches into L2 the q, dout and out tiles and the
-// lse of the CTA that will likely run next on this SM (the launch's CTA id + the SM count:
-// CTAs are dispatched in order, one an SM, as earlier ones end), so that that row's start
-// reads L2 instead of DRAM; 0 leaves it out.
-#ifndef SA90_BWD_PREFETCH
-#define SA90_BWD_PREFETCH 0
 #endif
 
 #ifndef SA90_BWD_DET_F16
@@ -522,21 +503,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             sa90::load_head_tile<2>(do_base, p.dout + b * p.do_sb + s * p.do_ss, p.do_sh, p.dout, h0, p.H, wtid);
             sa90::producer_handoff(qdo_bar);
         }
-        if constexpr (SA90_BWD_PREFETCH != 0) {
-            u32 n_sm;
-            asm("mov.u32 %0, %%nsmid;\n" : "=r"(n_sm));
-            const i64 next = static_cast<i64>(hb) * gridDim.x + local + n_sm;  // linear CTA id, x fastest
-            if (next < static_cast<i64>(gridDim.x) * n_hblk) {
-                const int nx = static_cast<int>(next % gridDim.x), nh0 = static_cast<int>(next / gridDim.x) * kHB;
-                const i64 nrow = sa::launch_row(static_cast<i64>(p.chunk_base) + nx, static_cast<i64>(p.B) * p.S, p.rows_desc);
-                const int nb = static_cast<int>(nrow / p.S), ns = static_cast<int>(nrow % p.S);
-                sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, nh0, p.H, wtid);
-                sa90::prefetch_head_tile(p.dout + nb * p.do_sb + ns * p.do_ss, p.do_sh, nh0, p.H, wtid);
-                sa90::prefetch_head_tile(p.out + nb * p.o_sb + ns * p.o_ss, p.o_sh, nh0, p.H, wtid);
-                if (wtid < kHB / 32 && nh0 + 32 * wtid < p.H) sa90::prefetch_l2(p.lse + nb * p.lse_sb + ns * p.lse_ss + (nh0 + 32 * wtid) * p.lse_sh);
-                sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, nrow, wtid);
-            }
-        }
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
         sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
                                                                      DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);
@@ -559,42 +525,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         float acc = 0.0f;
         if (h < p.H) {
             const bf16* orow = p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
-            const bf16* drow = p.dout + b * p.do_sb + s * p.do_ss + h * p.do_sh;
-            if constexpr (SA90_BWD_DELTA != 0) {
-                // out's (and dout's) loads issued before the first product (the same sum order)
-                uint4 ou[kD / 32], du[kD / 32];
+            // out's 16 loads all issued first (one round of DRAM latency; with 4 in flight,
+            // before v29, four), dout from the dO tile once the Q/dO barrier completes (v29,
+            // H200, atomic S=16384: 8.11 / 8.12 / 8.09 / 8.08 against 8.29 / 8.21 / 8.13 /
+            // 8.12 ms reading both from global memory, 4 in flight). The sum's order is
+            // the same.
+            uint4 ou[kD / 32], du[kD / 32];
 #pragma unroll
-                for (int i = 0; i < kD / 32; ++i) {
-                    const int cc = part + 4 * i;
-                    asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(ou[i].x), "=r"(ou[i].y), "=r"(ou[i].z), "=r"(ou[i].w) : "l"(orow + cc * 8));
-                    if constexpr (SA90_BWD_DELTA == 1) asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(du[i].x), "=r"(du[i].y), "=r"(du[i].z), "=r"(du[i].w) : "l"(drow + cc * 8));
-                }
-                if constexpr (SA90_BWD_DELTA == 2) {
-                    mbar_wait(qdo_bar, 0);
+            for (int i = 0; i < kD / 32; ++i) {
+                const int cc = part + 4 * i;
+                asm volatile("ld.global.nc.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(ou[i].x), "=r"(ou[i].y), "=r"(ou[i].z), "=r"(ou[i].w) : "l"(orow + cc * 8));
+            }
+            mbar_wait(qdo_bar, 0);
 #pragma unroll
-                    for (int i = 0; i < kD / 32; ++i) {
-                        const int cc = part + 4 * i;
-                        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(du[i].x), "=r"(du[i].y), "=r"(du[i].z), "=r"(du[i].w) : "r"(do_base + (cc / 8) * kQGroupBytes + sw128(r, cc % 8)) : "memory");
-                    }
-                }
+            for (int i = 0; i < kD / 32; ++i) {
+                const int cc = part + 4 * i;
+                asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(du[i].x), "=r"(du[i].y), "=r"(du[i].z), "=r"(du[i].w) : "r"(do_base + (cc / 8) * kQGroupBytes + sw128(r, cc % 8)) : "memory");
+            }
 #pragma unroll
-                for (int i = 0; i < kD / 32; ++i) {
-                    const u32 ow[4] = {ou[i].x, ou[i].y, ou[i].z, ou[i].w}, dw[4] = {du[i].x, du[i].y, du[i].z, du[i].w};
+            for (int i = 0; i < kD / 32; ++i) {
+                const u32 ow[4] = {ou[i].x, ou[i].y, ou[i].z, ou[i].w}, dw[4] = {du[i].x, du[i].y, du[i].z, du[i].w};
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        acc += bf16_lo(ow[e]) * bf16_lo(dw[e]);
-                        acc += bf16_hi(ow[e]) * bf16_hi(dw[e]);
-                    }
-                }
-            } else {
-#pragma unroll 4
-                for (int i = 0; i < kD / 32; ++i) {
-                    const int cc = part + 4 * i;
-                    float ov[8], dv[8];
-                    load16(orow + cc * 8, ov);
-                    load16(drow + cc * 8, dv);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc += ov[e] * dv[e];
+                for (int e = 0; e < 4; ++e) {
+                    acc += bf16_lo(ow[e]) * bf16_lo(dw[e]);
+                    acc += bf16_hi(ow[e]) * bf16_hi(dw[e]);
                 }
             }
         }

@@ -10,9 +10,6 @@
 // dsv4-test-defines: SA90_TRACE=1
 // dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
 // dsv4-test-defines: SA90_Q_TMA=0
-// dsv4-test-defines: SA90_FWD_EPI_OVERLAP=1
-// dsv4-test-defines: SA90_FWD_EPI_OVERLAP=1 SA90_TRACE=1
-// dsv4-test-defines: SA90_FWD_EPI_OVERLAP=2
 // dsv4-test-defines: SA90_Q_TMA=0 SA90_TRACE=1
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
@@ -113,15 +110,6 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 #define SA90_Q_TMA 1
 #endif
 
-// SA90_FWD_EPI_OVERLAP=1 / 2: a consumer issues the S of its CTA's next row's first block
-// (after that row's Q and block have landed) before storing this row's output (1) or after
-// half of it (2), so that the stores run beside that S instead of ahead of it (the v29
-// trace: ~3,900 cycles of epilogue a row, while the tensor cores idle); 0: each row's first
-// S after its own start.
-#ifndef SA90_FWD_EPI_OVERLAP
-#define SA90_FWD_EPI_OVERLAP 0
-#endif
-
 // SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup, for every 8th row,
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
 // survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no row's lse
@@ -212,8 +200,6 @@ struct ConsumerCtx {
     int h0, n_iters, wtid;
     int g;   // this CTA's iterations before this row (the barriers' phases)
     int kq;  // this CTA's rows with slots before this one (the Q barrier's phase)
-    int next_iters;  // SA90_FWD_EPI_OVERLAP: iterations of the CTA's next row (0: none, or no S issued ahead)
-    bool s_issued;   // SA90_FWD_EPI_OVERLAP: this row's first S was issued by the last row's epilogue
 };
 
 // Consumer CW (0 or 1, a compile-time constant: the two roles differ in the chain, and
@@ -233,10 +219,8 @@ __device__ __forceinline__ void rescale_o(float (&o)[128], float f0, float f1) {
     }
 }
 
-// sc: the S accumulators (64 x 64 f32, 32 a thread), kept by the caller across rows (with
-// SA90_FWD_EPI_OVERLAP the next row's first S is in flight in them at the end of a row).
 template <int CW>
-__device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const ConsumerCtx& x, float (&sc)[32]) {
+__device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const ConsumerCtx& x) {
     constexpr int cw = CW;
     const u32 q_base = x.q_base, kv_base = x.kv_base, p_base = x.p_base;
     int* const keys_s = x.keys_s;
@@ -263,7 +247,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-    if (n_iters > 0 && !x.s_issued) mbar_wait(q_bar, x.kq & 1);
+    if (n_iters > 0) mbar_wait(q_bar, x.kq & 1);
     SA90_T(4 + cw);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
@@ -276,7 +260,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 
     // S = Q K^T of this consumer's block of iteration `it`, into `sc`: one wgmma group per
     // column half (L = columns 0-255 first, the half the producer refills first), each after
-    // its half landed. (it = n_iters: the next row's first, SA90_FWD_EPI_OVERLAP.)
+    // its half landed.
+    float sc[32];
     auto issue_s_half = [&](int it, int half) {
         if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half);
         mbar_wait(ready_bar + cw * 2 + half, (g0 + it) & 1);
@@ -379,10 +364,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         SA90_T(tb + 5);
     };
 
-    if (n_iters > 0 && !x.s_issued) {
-        // (nothing in flight on this path; the explicit wait says so to ptxas, which cannot
-        // tell that a pre-issued S never reaches here)
-        if constexpr (SA90_FWD_EPI_OVERLAP != 0) wgmma_wait<0>();
+    if (n_iters > 0) {
         issue_s_half(0, cw);
         issue_s_half(0, 1 - cw);
     }
@@ -527,17 +509,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     // divergent, v17).
     named_arrive(kBarSumsRead + cw, 256);
     named_sync(kBarSumsRead + 1 - cw, 256);
-    // SA90_FWD_EPI_OVERLAP: the next row's first S (its Q: the Q barrier's next phase; its
-    // block: the phase of iteration n_iters), in flight during the stores (1: before them,
-    // 2: after half of them).
-    auto issue_next_s = [&] {
-        if (x.next_iters > 0) {
-            mbar_wait(q_bar, (x.kq + 1) & 1);
-            issue_s_half(n_iters, cw);
-            issue_s_half(n_iters, 1 - cw);
-        }
-    };
-    if constexpr (SA90_FWD_EPI_OVERLAP == 1) issue_next_s();
     // out = O / l from registers. Per 32-column group m a quad holds a 4 x 4 block of
     // 4-byte words (lane k: words 4 t + k, t = jj % 4); two shuffle stages transpose it so
     // that lane k holds words 4 k .. 4 k + 3, 16 contiguous bytes, and a quad writes 64
@@ -547,9 +518,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         const bool b1 = (c4 & 2) != 0, b0 = (c4 & 1) != 0;
 #pragma unroll
         for (int m = 0; m < 8; ++m) {
-            if constexpr (SA90_FWD_EPI_OVERLAP == 2) {
-                if (m == 4) issue_next_s();
-            }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
                 const float inv = rr ? inv1 : inv0;
@@ -568,12 +536,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
                 a[0] = b0 ? x : a[0], a[1] = b0 ? a[1] : x, a[2] = b0 ? y : a[2], a[3] = b0 ? a[3] : y;
                 // .cs (streaming): the 1 GiB of output at S=16384 passes through L2 once (with
                 // the K/V gathers' evict_last below, v18: S=4096 0.575 -> 0.553 ms).
-                if constexpr (SA90_FWD_EPI_OVERLAP != 0) {
-                    // predicated in the instruction (no branch: a wgmma is in flight)
-                    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(static_cast<int>(rr ? ok1 : ok0)) : "memory");
-                } else if (rr ? ok1 : ok0) {
+                if (rr ? ok1 : ok0)
                     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]) : "memory");
-                }
             }
         }
     }
@@ -760,60 +724,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
 
     // ---------------- consumers: the same rows ----------------
     regs_inc<SA90_CONSUMER_REGS>();
-    // Each consumer's loop over the rows sits in its own branch (SA90_FWD_EPI_OVERLAP carries
-    // an S in flight from one row to the next, into the next call of consume: a loop around
-    // the wg branch would join the two consumers' paths with a wgmma in flight, which ptxas
-    // serializes, C7518). SA90_FWD_EPI_OVERLAP: the next row's first S goes in during this
-    // row's epilogue when both rows have iterations (a row without them has no Q, no blocks).
-#if SA90_FWD_EPI_OVERLAP
-    if (wg == 1) {
-        int g = 0, kq = 0;
-        float sc[32];
-        bool s_issued = false;
-        for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
-            const int n_iters = iters_of(sa::row_slots(p.row_len, row, p.T));
-            const int next_iters = (SA90_FWD_EPI_OVERLAP != 0 && n_iters > 0 && row + gridDim.x < n_rows) ? iters_of(sa::row_slots(p.row_len, row + gridDim.x, p.T)) : 0;
-            const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq, next_iters, s_issued};
-            consume<0>(p, ctx, sc);
-            s_issued = next_iters > 0;
-            if (n_iters > 0) {
-                g += n_iters;
-                ++kq;
-            }
-        }
-        if constexpr (SA90_FWD_EPI_OVERLAP != 0) wgmma_wait<0>();
-    } else {
-        int g = 0, kq = 0;
-        float sc[32];
-        bool s_issued = false;
-        for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
-            const int n_iters = iters_of(sa::row_slots(p.row_len, row, p.T));
-            const int next_iters = (SA90_FWD_EPI_OVERLAP != 0 && n_iters > 0 && row + gridDim.x < n_rows) ? iters_of(sa::row_slots(p.row_len, row + gridDim.x, p.T)) : 0;
-            const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq, next_iters, s_issued};
-            consume<1>(p, ctx, sc);
-            s_issued = next_iters > 0;
-            if (n_iters > 0) {
-                g += n_iters;
-                ++kq;
-            }
-        }
-        if constexpr (SA90_FWD_EPI_OVERLAP != 0) wgmma_wait<0>();
-    }
-#else
     int g = 0, kq = 0;
-    float sc[32];
     for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const int n_iters = iters_of(sa::row_slots(p.row_len, row, p.T));
-        const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq, 0, false};
+        const ConsumerCtx ctx{q_base, kv_base, p_base, keys_s, max_s, sum_s, q_bar, ready_bar, free_bar, keys_bar, row, h0, n_iters, wtid, g, kq};
         if (wg == 1) {
-            consume<0>(p, ctx, sc);
+            consume<0>(p, ctx);
         } else {
-            consume<1>(p, ctx, sc);
+            consume<1>(p, ctx);
         }
         if (n_iters > 0) {
             g += n_iters;
             ++kq;
         }
     }
-#endif
 }
