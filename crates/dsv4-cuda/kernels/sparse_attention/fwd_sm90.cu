@@ -17,9 +17,9 @@
 // heads >= H are zero rows that are never stored). The ring, its barriers' phases and the
 // chain run on across a CTA's rows (v17: H200 S=16384 2.63 -> 2.49 ms, S=4096 0.614 ->
 // 0.573, with the chain order below; one CTA a row measured 2.63 / 0.614). Three warpgroups:
-//   WG 0, producer: per row loads Q, then gathers the row's slots in blocks of 64 keys with
-//        cp.async into two 64 KiB buffers (block 2i + c into buffer c; the rows of a block
-//        are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
+//   WG 0, producer: per row loads Q (by TMA from one thread, SA90_Q_TMA), then gathers
+//        the row's slots in blocks of 64 keys with cp.async into two 64 KiB buffers
+//        (block 2i + c into buffer c; the rows of a block are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
 //        and R (256-511), each with a "ready" mbarrier (the producer's 128 threads) and a
 //        "free" one (both consumers' 256 threads). Per iteration the halves are refilled
 //        in the order they are freed: 0 L, 1 R (early), 0 R, 1 L (late). The next row's Q
@@ -105,7 +105,10 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // its bytes expected); the launcher compiles it where q can be mapped (`q_map`, a 4D map
 // {512, H, S, B} of q) and passes zeros with SA90_Q_TMA=0: the 128 producer threads' 32
 // cp.async each (the v28 trace: ~6,400 cycles from the Q area's free to the Q barrier,
-// issued beside the consumers' output stores).
+// issued beside the consumers' output stores). v29, H200, S=16384 alternating rounds:
+// 2.3402 / 2.3444 / 2.3320 / 2.3378 ms against cp.async's 2.4017 / 2.4177 / 2.4427 (one
+// TMA round at 2.5063); the v29 trace: the first iteration's halves wait 140 cycles
+// instead of 370 / 1,200, as the gather starts ~1,800 cycles sooner.
 #ifndef SA90_Q_TMA
 #define SA90_Q_TMA 1
 #endif
