@@ -24,7 +24,7 @@ use dsv4_core::ops::sparse_attention::{BackwardImpl, Dims, SparseAttentionArgs, 
 use dsv4_core::ops::sparse_indices::SparseIndexPlan;
 use dsv4_core::{DType, Error, Result, Tensor, TensorView, TensorViewMut};
 
-use crate::runtime::{Gpu, TmaDesc};
+use crate::runtime::{Gpu, Kernel, TmaDesc};
 
 /// Whether these kernels can run (`is_kernel_available("sparse_attn")`).
 pub const READY: bool = true;
@@ -616,6 +616,26 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
 // ---------------------------------------------------------------------------------------
 // Backward
 
+/// A launch of the backward's main kernel: `bwd_sm90.cu` (`hopper`) takes the TmaDescs of q
+/// and dout as its second and third parameters, the portable `bwd.cu` the params alone.
+///
+/// # Safety
+/// As [`Kernel::launch3`] / [`Kernel::launch`]: `p` must describe live tensors as the
+/// kernel reads and writes them, and `q_map`, `do_map` be maps of q and dout as
+/// `[B,S,H,512]` at their strides (TMA reads only their elements), or zeros (unread) where
+/// the kernel was compiled with SA90_BWD_QDO_TMA=0.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_bwd(k: &Kernel, hopper: bool, grid: [u32; 3], block: [u32; 3], smem: u32, p: &BwdParams, q_map: &TmaDesc, do_map: &TmaDesc) -> Result<()> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if hopper {
+            k.launch3(grid, block, smem, p, q_map, do_map)
+        } else {
+            k.launch(grid, block, smem, p)
+        }
+    }
+}
+
 /// dq `[B,S,H,D]` bf16, dkv `[B,K,D]` bf16, dsinks `[H]` f32 (contiguous, validated).
 pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, dkv: &mut TensorViewMut, dsinks: &mut TensorViewMut) -> Result<()> {
     let (dm, _) = a.validate()?;
@@ -695,9 +715,6 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             None
         };
         let (q_map, do_map) = qdo_maps.unwrap_or((TmaDesc::ZERO, TmaDesc::ZERO));
-        // bwd_sm90.cu takes the TmaDescs of q and dout as its second and third parameters
-        // (maps of [B,S,H,512] at their strides: TMA reads only their elements; zeros, unread,
-        // with SA90_BWD_QDO_TMA=0); the portable kernel takes the params alone.
         let (smem, k, block) = if hopper {
             // Consumer 0 takes two of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
             // three before the pair's S and dP became one m64n64k16 (v27): with it,
@@ -780,13 +797,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // exactly one row, c < B*n_hblk*S = the grid. Hopper: CTA (x, y) owns row x < B*S
             // (chunk_base = 0; B*S - 1 - x with rows_desc) and heads [64y, 64y + 64), y <
             // n_hblk = ceil(H/64).
-            unsafe {
-                if hopper {
-                    k.launch3(grid, block, smem as u32, &p, &q_map, &do_map)?
-                } else {
-                    k.launch(grid, block, smem as u32, &p)?
-                }
-            };
+            unsafe { launch_bwd(&k, hopper, grid, block, smem as u32, &p, &q_map, &do_map)? };
         } else {
             // Waves of rows: the main kernel stores each valid slot's dkv contribution, an
             // inverted index lists each key's (row, slot) entries in order, and the reduce
@@ -899,13 +910,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 // rows_desc; the index counts the same launch rows) and head block y <
                 // n_hblk.
                 if !skip_main {
-                    unsafe {
-                        if hopper {
-                            k.launch3(grid, block, smem as u32, &p, &q_map, &do_map)?
-                        } else {
-                            k.launch(grid, block, smem as u32, &p)?
-                        }
-                    };
+                    unsafe { launch_bwd(&k, hopper, grid, block, smem as u32, &p, &q_map, &do_map)? };
                 }
                 if index && !skip_reduce {
                     (ip.contrib, ip.n_rows) = (contrib.ptr(), n as i32);
