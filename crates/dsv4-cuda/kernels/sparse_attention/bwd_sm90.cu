@@ -106,6 +106,17 @@ using namespace dsv4::hopper;
 using dsv4::sa::kLog2e;
 using dsv4::sa::slot_key;
 
+// SA90_BWD_QDO_TMA=1: the producer's thread 0 loads the row's Q and dO tiles by sixteen TMA
+// loads (one SW128 group of 64 heads x 64 columns each, heads >= H read as zeros) on the
+// Q/dO barrier (count 1, its bytes expected), and the other producer threads go straight to
+// the gather; the launcher compiles it where q and dout can be mapped (`q_map`, `do_map`:
+// 4D maps {512, H, S, B}) and passes zeros with SA90_BWD_QDO_TMA=0: the 128 producer
+// threads' 64 cp.async each, ahead of the row's first gathers (v29, H200: S=4096 1.7038
+// against 1.7283 ms; level at S=16384 over eight alternating pairs).
+#ifndef SA90_BWD_QDO_TMA
+#define SA90_BWD_QDO_TMA 1
+#endif
+
 // SA90_BWD_DET_F16=1 (deterministic mode; the launcher sets it with the matching buffers):
 // each slot's contribution is stored in 16 bits, per 64-column chunk as fp16(c / s) with
 // s = the chunk row's max |c| (f32), instead of f32: half the bytes the main kernel writes
@@ -117,16 +128,6 @@ using dsv4::sa::slot_key;
 // rows): contributions [n, T, n_hblk, D] fp16, each 64-column chunk in the order
 // (quad lane c4, n8 tile j, e) = column 8 j + 2 c4 + e (a thread's 16 values contiguous),
 // then the scales [n, T, n_hblk, D / 64] f32.
-// SA90_BWD_QDO_TMA=1: the producer's thread 0 loads the row's Q and dO tiles by sixteen TMA
-// loads (one SW128 group of 64 heads x 64 columns each, heads >= H read as zeros) on the
-// Q/dO barrier (count 1, its bytes expected), and the other producer threads go straight to
-// the gather; the launcher compiles it where q and dout can be mapped (`q_map`, `do_map`:
-// 4D maps {512, H, S, B}) and passes zeros with SA90_BWD_QDO_TMA=0: the 128 producer
-// threads' 64 cp.async each, ahead of the row's first gathers.
-#ifndef SA90_BWD_QDO_TMA
-#define SA90_BWD_QDO_TMA 1
-#endif
-
 #ifndef SA90_BWD_DET_F16
 #define SA90_BWD_DET_F16 0
 #endif

@@ -19,13 +19,13 @@
 // 0.573, with the chain order below; one CTA a row measured 2.63 / 0.614). Three warpgroups:
 //   WG 0, producer: per row loads Q (by TMA from one thread, SA90_Q_TMA), then gathers
 //        the row's slots in blocks of 64 keys with cp.async into two 64 KiB buffers
-//        (block 2i + c into buffer c; the rows of a block are K and V at once: MQA). Each buffer is two column halves L (columns 0-255)
-//        and R (256-511), each with a "ready" mbarrier (the producer's 128 threads) and a
-//        "free" one (both consumers' 256 threads). Per iteration the halves are refilled
-//        in the order they are freed: 0 L, 1 R (early), 0 R, 1 L (late). The next row's Q
-//        goes in once buffer 0 L's last free of a row completes (both consumers' last S
-//        done), so its copies and the next row's first blocks overlap the row's last
-//        products and epilogue.
+//        (block 2i + c into buffer c; the rows of a block are K and V at once: MQA).
+//        Each buffer is two column halves L (columns 0-255) and R (256-511), each with a
+//        "ready" mbarrier (the producer's 128 threads) and a "free" one (both consumers'
+//        256 threads). Per iteration the halves are refilled in the order they are
+//        freed: 0 L, 1 R (early), 0 R, 1 L (late). The next row's Q goes in once buffer
+//        0 L's last free of a row completes (both consumers' last S done), so its copies
+//        and the next row's first blocks overlap the row's last products and epilogue.
 //   WG 1 and WG 2, consumers c = 0, 1: consumer c owns block 2i + c of iteration i and
 //        O's columns [256c, 256c + 256) (128 f32 a thread). S_c = Q K_c^T (64 x 64, m64n64k16
 //        over D as two wgmma groups, one per column half: consumer 0 L first, consumer 1 R
