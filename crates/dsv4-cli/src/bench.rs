@@ -121,6 +121,8 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
 struct AttnOpts<'a> {
     fwd_only: bool,
     bwd_only: bool,
+    /// `--atomic-only`: of the backward rows, the atomic one alone (variant sweeps).
+    atomic_only: bool,
     plan_first: bool,
     trace_out: Option<&'a str>,
     /// `--workspace-mib N`: the deterministic backward's workspace (default: the library's).
@@ -128,7 +130,7 @@ struct AttnOpts<'a> {
 }
 
 fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, o: &AttnOpts) -> Result<()> {
-    let AttnOpts { fwd_only, bwd_only, plan_first, trace_out, workspace } = *o;
+    let AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, trace_out, workspace } = *o;
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -181,7 +183,8 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
         return Ok(());
     }
     let mut ms_bwd = [0.0; 2];
-    for (i, imp) in [BackwardImpl::Atomic, BackwardImpl::Deterministic].into_iter().enumerate() {
+    let impls: &[BackwardImpl] = if atomic_only { &[BackwardImpl::Atomic] } else { &[BackwardImpl::Atomic, BackwardImpl::Deterministic] };
+    for (i, &imp) in impls.iter().enumerate() {
         let mut bw = SparseAttentionBwdArgs::new(pargs.clone(), out.view(), lse.view(), dout.view());
         bw.backward_impl = imp;
         if let Some(ws) = workspace {
@@ -197,7 +200,7 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
         };
         bn.flops(name, &shape, ms, 2.5 * fwd_flops, &note);
     }
-    if bwd_only {
+    if bwd_only || atomic_only {
         return Ok(());
     }
     let both = bn.time(|| {
@@ -392,6 +395,8 @@ pub fn main(args: &[String]) -> Result<bool> {
     let fwd_only = args.iter().any(|a| a == "--fwd-only");
     // --bwd-only: the attention's backward rows alone (one untimed forward makes out, lse)
     let bwd_only = args.iter().any(|a| a == "--bwd-only");
+    // --atomic-only: with --bwd-only, the atomic backward's row alone
+    let atomic_only = args.iter().any(|a| a == "--atomic-only");
     let workspace = match crate::opt(args, "--workspace-mib") {
         Some(v) => Some(v.parse::<usize>().ok().filter(|m| *m > 0).map(|m| m << 20).ok_or_else(|| Error::Data(format!("--workspace-mib {v}: a positive number of MiB")))?),
         None => None,
@@ -401,7 +406,7 @@ pub fn main(args: &[String]) -> Result<bool> {
     let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
     let mut bn = Bench::new(iters, cooldown_ms)?;
     let mut rng = Rng(42);
-    let attn = AttnOpts { fwd_only, bwd_only, plan_first, trace_out, workspace };
+    let attn = AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, trace_out, workspace };
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {

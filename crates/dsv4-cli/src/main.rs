@@ -14,10 +14,11 @@ const USAGE: &str = "usage:
       every operation forward and backward through the backend, judged against an f64
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
   dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
-             [--bwd-only] [--workspace-mib N] [--topk-scores-only] [--s N] [--m N] [--no-sweep]
+             [--bwd-only] [--atomic-only] [--workspace-mib N] [--topk-scores-only] [--s N] [--m N] [--no-sweep]
              [--plan-first] [--cooldown-ms N] [--trace-out PREFIX]
       GPU timings (CUDA events, medians) against the measured H200 ceilings; --fwd-only:
-      attention forwards only; --bwd-only: attention backwards only; --workspace-mib N: the
+      attention forwards only; --bwd-only: attention backwards only; --atomic-only: of the
+      attention backwards, the atomic one only (no fwd+bwd row); --workspace-mib N: the
       deterministic attention backward's workspace (default 2048); --topk-scores-only: the
       indexer's top-k scores rows only; --s N: only sequence length N (4096 or 16384) of the
       attention and indexer tables; --m N: only N matrices (65536 or 1048576) of the sinkhorn

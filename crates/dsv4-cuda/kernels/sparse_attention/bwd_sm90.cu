@@ -24,6 +24,7 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_ROW_GROUPS=16 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
@@ -268,6 +269,15 @@ __device__ __forceinline__ void diag_flush_sink(const SparseAttnBwdParams& p, co
 #endif
 static_assert(SA90_BWD_ATOMIC == 0 || SA90_BWD_DET_F16 == 0, "SA90_BWD_ATOMIC: the atomic mode has no 16-bit rows");
 
+// SA90_BWD_ROW_GROUPS=G (atomic mode; experiment): launch row v is row (v % G) (N / G) +
+// v / G (N = B*S rows, when G divides N), so the CTAs resident at one time work in G
+// regions of the rows instead of one run of consecutive rows whose windows (and, early in a
+// causal selection, compressed keys) are mostly the same keys: fewer reductions into the
+// same dkv lines at once. 1: consecutive rows.
+#ifndef SA90_BWD_ROW_GROUPS
+#define SA90_BWD_ROW_GROUPS 1
+#endif
+
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
 constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
@@ -464,7 +474,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
     const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
-    const i64 row = sa::launch_row(static_cast<i64>(p.chunk_base) + local, static_cast<i64>(p.B) * p.S, p.rows_desc);  // b * S + s
+    i64 launch_v = static_cast<i64>(p.chunk_base) + local;
+    if constexpr (SA90_BWD_ROW_GROUPS > 1 && SA90_BWD_ATOMIC != 0) {
+        const i64 n_rows = static_cast<i64>(p.B) * p.S;
+        if (n_rows % SA90_BWD_ROW_GROUPS == 0) launch_v = (launch_v % SA90_BWD_ROW_GROUPS) * (n_rows / SA90_BWD_ROW_GROUPS) + launch_v / SA90_BWD_ROW_GROUPS;
+    }
+    const i64 row = sa::launch_row(launch_v, static_cast<i64>(p.B) * p.S, p.rows_desc);  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
     const int h0 = hb * kHB;
