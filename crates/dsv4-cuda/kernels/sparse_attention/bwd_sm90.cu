@@ -25,6 +25,8 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_ROW_GROUPS=16 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_COL_HALVES=1 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_COL_HALVES=1 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
@@ -278,6 +280,16 @@ static_assert(SA90_BWD_ATOMIC == 0 || SA90_BWD_DET_F16 == 0, "SA90_BWD_ATOMIC: t
 #define SA90_BWD_ROW_GROUPS 1
 #endif
 
+// SA90_BWD_COL_HALVES=1 (experiment): the ring's two buffers are the pair tile's column
+// halves (columns 0-255 / 256-511 of its 64 keys; gather_pair_halves) instead of its two
+// 32-key blocks: half 0 is refilled once consumer 0's dq products are done (it alone reads
+// it after S and dP), half 1 once consumer 1's are, and consumer 0's S and dP of the next
+// pair start on columns 0-255 while 256-511 land. 0: blocks, each freed by both consumers.
+#ifndef SA90_BWD_COL_HALVES
+#define SA90_BWD_COL_HALVES 0
+#endif
+static_assert(SA90_BWD_COL_HALVES == 0 || DSV4_SA90_BWD_DIAG != 9, "DSV4_SA90_BWD_DIAG=9 reduces per block of the ring");
+
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
 constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
@@ -490,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         mbar_init(qdo_bar, SA90_BWD_QDO_TMA ? 1 : 128);
         for (int i = 0; i < kNBuf; ++i) {
             mbar_init(ready_bar + i, 128);
-            mbar_init(free_bar + i, 256);
+            mbar_init(free_bar + i, SA90_BWD_COL_HALVES ? 128 : 256);
             mbar_init(keys_bar + i, sa90::kKeyWriters);
         }
         *flag_s = 0;
@@ -520,8 +532,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             sa90::producer_handoff(qdo_bar);
         }
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
-        sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
-                                                                     DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);
+        if constexpr (SA90_BWD_COL_HALVES != 0) {
+            sa90::gather_pair_halves<kRingGroupBytes>(src, n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
+        } else {
+            sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
+                                                                         DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);
+        }
         return;
     }
 
@@ -595,21 +611,42 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
             // (block bb's columns are n8 tiles 4 bb.. of the m64n64 accumulators: sc[16 bb + i])
             float sc[32], dp[32];
-            mbar_wait(ready_bar + 0, par);
-            mbar_wait(ready_bar + 1, par);
-            sa90::consumer_after_ready();
-            wgmma_fence();
             const u64 kd0 = sw128_desc(kv_base, 16, 1024);
+            if constexpr (SA90_BWD_COL_HALVES != 0) {
+                // Columns 0-255 (ring half 0) as soon as they land, then 256-511.
 #pragma unroll
-            for (int ks = 0; ks < 32; ++ks) {
-                const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
-                const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
-                if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                    wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
-                    wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
+                for (int hh = 0; hh < 2; ++hh) {
+                    mbar_wait(ready_bar + hh, par);
+                    sa90::consumer_after_ready();
+                    wgmma_fence();
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) {
+                        const int ks = 16 * hh + k;
+                        const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
+                        const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
+                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                            wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
+                            wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
+                        }
+                    }
+                    wgmma_commit();
                 }
+            } else {
+                mbar_wait(ready_bar + 0, par);
+                mbar_wait(ready_bar + 1, par);
+                sa90::consumer_after_ready();
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 32; ++ks) {
+                    const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
+                    const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
+                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
+                        wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
+                        wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
+                    }
+                }
+                wgmma_commit();
             }
-            wgmma_commit();
             wgmma_wait<0>();
             fence_regs(sc);
             fence_regs(dp);
@@ -701,7 +738,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         wgmma_wait<1>();  // dq's products: the ring is read
                         fence_regs(dq);
                         mbar_arrive(free_bar + 0);
-                        mbar_arrive(free_bar + 1);
+                        if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 1);
                     }
                     wgmma_wait<0>();
                     fence_regs(acc);
@@ -716,7 +753,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             wgmma_wait<0>();
             fence_regs(dq);
             mbar_arrive(free_bar + 0);
-            mbar_arrive(free_bar + 1);
+            if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 1);
 #endif
         } else {
             named_sync(kBarTilesReady, 256);
@@ -771,7 +808,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 wgmma_wait<1>();  // the first chunk: dq's products (the ring is read); else chunk c - 1
                 if (c == SA90_BWD_C0_CHUNKS) {
                     fence_regs(dq);
-                    mbar_arrive(free_bar + 0);
+                    if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 0);
                     mbar_arrive(free_bar + 1);
                 } else {
                     fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);

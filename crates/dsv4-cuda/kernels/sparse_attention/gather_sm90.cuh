@@ -216,5 +216,62 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// bwd_sm90.cu with SA90_BWD_COL_HALVES=1: the row's pairs (64 slots each, pair p = slots
+// 64 p ..) gathered into one [64 x 512] SW128 tile at `kv_base` (64-column group gg at
+// + gg * GROUP_BYTES, row r at + 128 r) in two column halves, half hh = groups 4 hh .. 4 hh
+// + 3: refilled once `free_bar[hh]` fires (consumer hh's dq products, the last reads of
+// that half) and handed off on `ready_bar[hh]`, so the next pair's columns 0-255 go in
+// as soon as consumer 0 is done with them and its first products start before columns
+// 256-511 land. The pair's keys go to `keys_s[64]` after both halves' copies (consumer 1
+// reads them until its dq products), published on `keys_bar[0]` (slots 0-31) and [1]
+// (32-63). Thread t copies chunk j = t % 8 of rows t / 8 + 16 i (i < 4) in every group.
+template <int GROUP_BYTES>
+__device__ __forceinline__ void gather_pair_halves(const SlotSource& src, int n_pairs, u32 kv_base, int* keys_s, int* row_keys, u64* ready_bar, u64* keys_bar, u64* free_bar, int wtid) {
+    const int j = wtid % 8, r_base = wtid / 8;
+    [[maybe_unused]] u64 kv_policy = 0;
+    if constexpr (SA90_BWD_KV_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
+    for (int pr = 0; pr < n_pairs; ++pr) {
+        const int slot0 = pr * 2 * kBN;
+        if (slot0 % kChunk == 0) {
+            if (slot0 > 0) hopper::named_sync(5, 128);  // every producer thread is done with the last chunk
+            int k[kChunk / 128];
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) k[i] = sa::slot_key(src.idx, src.idx_row, src.idx_st, src.idx_is_i64, src.bias, src.n_slots, src.K, slot0 + wtid + 128 * i, false);
+#pragma unroll
+            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+            hopper::named_sync(5, 128);
+        }
+        int keys[4];
+        const bf16* rows[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            keys[i] = row_keys[slot0 % kChunk + r_base + 16 * i];
+            rows[i] = keys[i] >= 0 ? src.kv_b + static_cast<i64>(keys[i]) * src.kv_sk + j * 8 : src.kv;
+            asm volatile("" : "+l"(rows[i]));
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            if (pr > 0) hopper::mbar_wait(free_bar + hh, (pr - 1) & 1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = r_base + 16 * i;
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    const int gg = 4 * hh + g;
+                    if constexpr (DSV4_SA90_BWD_DIAG != 1) bwd_kv_copy16(kv_base + gg * GROUP_BYTES + hopper::sw128(r, j), keys[i] >= 0 ? rows[i] + gg * 64 : rows[i], keys[i] >= 0, kv_policy);
+                }
+            }
+            producer_handoff(ready_bar + hh);
+        }
+        if (j == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) keys_s[r_base + 16 * i] = keys[i];
+            hopper::mbar_arrive(keys_bar + 0);
+            hopper::mbar_arrive(keys_bar + 1);
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 }  // namespace sa90
 }  // namespace dsv4
