@@ -757,7 +757,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #endif
         } else {
             named_sync(kBarTilesReady, 256);
-            mbar_wait(ready_bar + 0, par);  // done already (consumer 0 waited); orders the data for this thread
+            // Done already (consumer 0 waited); orders the data for this thread. With
+            // SA90_BWD_COL_HALVES its dq reads half 1 alone, and half 0's barrier may be a
+            // phase further on (consumer 0 frees half 0 without this consumer).
+            if constexpr (SA90_BWD_COL_HALVES == 0) mbar_wait(ready_bar + 0, par);
             mbar_wait(ready_bar + 1, par);
             sa90::consumer_after_ready();
             mbar_wait(keys_bar + 0, par);  // done already as well
