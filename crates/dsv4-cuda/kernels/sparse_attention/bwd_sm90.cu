@@ -612,32 +612,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             // (block bb's columns are n8 tiles 4 bb.. of the m64n64 accumulators: sc[16 bb + i])
             float sc[32], dp[32];
             const u64 kd0 = sw128_desc(kv_base, 16, 1024);
-            if constexpr (SA90_BWD_COL_HALVES != 0) {
-                // Columns 0-255 (ring half 0) as soon as they land, then 256-511.
+            // With SA90_BWD_COL_HALVES, columns 0-255 (ring half 0) as soon as they land,
+            // then 256-511; else one wait for both blocks and one group of 32 k-steps.
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
+            for (int hh = 0; hh < 2; ++hh) {
+                if (SA90_BWD_COL_HALVES != 0 || hh == 0) {
                     mbar_wait(ready_bar + hh, par);
+                    if constexpr (SA90_BWD_COL_HALVES == 0) mbar_wait(ready_bar + 1, par);
                     sa90::consumer_after_ready();
                     wgmma_fence();
-#pragma unroll
-                    for (int k = 0; k < 16; ++k) {
-                        const int ks = 16 * hh + k;
-                        const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
-                        const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
-                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                            wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
-                            wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
-                        }
-                    }
-                    wgmma_commit();
                 }
-            } else {
-                mbar_wait(ready_bar + 0, par);
-                mbar_wait(ready_bar + 1, par);
-                sa90::consumer_after_ready();
-                wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < 32; ++ks) {
+                for (int k = 0; k < 16; ++k) {
+                    const int ks = 16 * hh + k;
                     const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
                     const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
                     if constexpr (DSV4_SA90_BWD_DIAG != 2) {
@@ -645,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                         wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
                     }
                 }
-                wgmma_commit();
+                if (SA90_BWD_COL_HALVES != 0 || hh == 1) wgmma_commit();
             }
             wgmma_wait<0>();
             fence_regs(sc);

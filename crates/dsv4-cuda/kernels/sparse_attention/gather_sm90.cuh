@@ -121,6 +121,19 @@ struct SlotSource {
     i64 kv_sk;
 };
 
+// The slot keys of chunk [slot0, slot0 + 1024) into `row_keys` (all of its index loads in
+// flight at once); named barrier 5 syncs the producer's 128 threads before (the last
+// chunk is done with) and after.
+__device__ __forceinline__ void load_key_chunk(const SlotSource& src, int slot0, int* row_keys, int wtid) {
+    if (slot0 > 0) hopper::named_sync(5, 128);
+    int k[kChunk / 128];
+#pragma unroll
+    for (int i = 0; i < kChunk / 128; ++i) k[i] = sa::slot_key(src.idx, src.idx_row, src.idx_st, src.idx_is_i64, src.bias, src.n_slots, src.K, slot0 + wtid + 128 * i, false);
+#pragma unroll
+    for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
+    hopper::named_sync(5, 128);
+}
+
 // Gather blocks 0 .. n_blocks - 1 of the row into the ring of NBUF buffers at `kv_base`:
 // block blk goes to buffer blk % NBUF once that buffer's previous block is freed. Slot keys
 // are read 1024 at a time (all of a chunk's index loads in flight at once) into `row_keys`
@@ -166,15 +179,7 @@ __device__ __forceinline__ void gather_blocks(const SlotSource& src, int n_block
     if constexpr (SA90_BWD_KV_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
     for (int blk = 0; blk < n_blocks; ++blk) {
         const int slot0 = blk * kBN;
-        if (slot0 % kChunk == 0) {
-            if (slot0 > 0) hopper::named_sync(5, 128);  // every producer thread is done with the last chunk
-            int k[kChunk / 128];
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) k[i] = sa::slot_key(src.idx, src.idx_row, src.idx_st, src.idx_is_i64, src.bias, src.n_slots, src.K, slot0 + wtid + 128 * i, false);
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-            hopper::named_sync(5, 128);
-        }
+        if (slot0 % kChunk == 0) load_key_chunk(src, slot0, row_keys, wtid);
         const int keys[2] = {row_keys[slot0 % kChunk + r_base], row_keys[slot0 % kChunk + r_base + 16]};
         const int buf = blk % NBUF;
         // The source rows before the "free" wait (pinned there: ptxas would sink them past
@@ -232,15 +237,7 @@ __device__ __forceinline__ void gather_pair_halves(const SlotSource& src, int n_
     if constexpr (SA90_BWD_KV_EVICT_LAST != 0) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
     for (int pr = 0; pr < n_pairs; ++pr) {
         const int slot0 = pr * 2 * kBN;
-        if (slot0 % kChunk == 0) {
-            if (slot0 > 0) hopper::named_sync(5, 128);  // every producer thread is done with the last chunk
-            int k[kChunk / 128];
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) k[i] = sa::slot_key(src.idx, src.idx_row, src.idx_st, src.idx_is_i64, src.bias, src.n_slots, src.K, slot0 + wtid + 128 * i, false);
-#pragma unroll
-            for (int i = 0; i < kChunk / 128; ++i) row_keys[wtid + 128 * i] = k[i];
-            hopper::named_sync(5, 128);
-        }
+        if (slot0 % kChunk == 0) load_key_chunk(src, slot0, row_keys, wtid);
         int keys[4];
         const bf16* rows[4];
 #pragma unroll
