@@ -721,7 +721,9 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // v27 calls 4-5, H200, two against three: atomic S=4096 1.7495-1.7592 against
             // 1.7634-1.7660 ms, S=16384 8.31-8.40 against 8.32-8.53, deterministic -0.1 to
             // -0.4 %; four lost 5 %; the deterministic mode's f32 rows were faster with none,
-            // v21). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS / SA90_BWD_DET_C0_CHUNKS (0..=7; its
+            // v21; over the column-halves ring, v31 call 2: atomic S=16384 8.00-8.06 ms with
+            // two against 8.07-8.08 with one and 8.09-8.10 with three, deterministic 10.72-10.73
+            // against 10.82-10.84). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS / SA90_BWD_DET_C0_CHUNKS (0..=7; its
             // entries separated by commas) set the atomic / deterministic count to compare.
             let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("2");
             let det_default = if compact { "2" } else { "0" };

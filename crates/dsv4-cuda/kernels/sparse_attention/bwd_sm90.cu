@@ -14,7 +14,7 @@
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
 // dsv4-test-defines: DSV4_SA90_BWD_DIAG=8 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: DSV4_SA90_BWD_DIAG=9 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: DSV4_SA90_BWD_DIAG=9 SA90_BWD_COL_HALVES=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
 // dsv4-test-defines: SA90_BWD_DET_F16=1
@@ -24,9 +24,8 @@
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_ROW_GROUPS=16 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_COL_HALVES=1 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_COL_HALVES=1 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
+// dsv4-test-defines: SA90_BWD_COL_HALVES=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
+// dsv4-test-defines: SA90_BWD_COL_HALVES=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 // dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
@@ -38,9 +37,10 @@
 // Three warpgroups:
 //   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier; by TMA from one
 //        thread, SA90_BWD_QDO_TMA, while the others start the gather), then the row's
-//        slots in blocks of 32 keys gathered by cp.async into a ring of two 32 KiB buffers
-//        (one pair of blocks = the iteration's 64 keys; the rows are K and V at once: MQA),
-//        "ready" / "free" mbarriers per buffer, slot keys staged per 1024-slot chunk (as
+//        slots gathered by cp.async into a ring of two 32 KiB buffers: the iteration's 64
+//        keys (a pair of 32-key blocks; the rows are K and V at once: MQA) in two column
+//        halves, 0-255 and 256-511 (SA90_BWD_COL_HALVES; 0: one block each), "ready" /
+//        "free" mbarriers per buffer, slot keys staged per 1024-slot chunk (as
 //        fwd_sm90.cu).
 //   WG 1 and WG 2, consumers 0 and 1: first delta[h] = <dout[h], out[h]> (out from global
 //        memory, dout from the dO tile, 4 threads a head) and lse in log2 units into
@@ -78,7 +78,7 @@
 // 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
-// 2 x [32 x 512] 64 KiB (one [64 x 512] tile of the pair), dS, P^T, dS^T
+// 2 x 32 KiB (one [64 x 512] tile of the pair: its column halves), dS, P^T, dS^T
 // 3 x 8 KiB, slot keys of the ring's blocks (for the
 // masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
 // "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
@@ -271,22 +271,15 @@ __device__ __forceinline__ void diag_flush_sink(const SparseAttnBwdParams& p, co
 #endif
 static_assert(SA90_BWD_ATOMIC == 0 || SA90_BWD_DET_F16 == 0, "SA90_BWD_ATOMIC: the atomic mode has no 16-bit rows");
 
-// SA90_BWD_ROW_GROUPS=G (atomic mode; experiment): launch row v is row (v % G) (N / G) +
-// v / G (N = B*S rows, when G divides N), so the CTAs resident at one time work in G
-// regions of the rows instead of one run of consecutive rows whose windows (and, early in a
-// causal selection, compressed keys) are mostly the same keys: fewer reductions into the
-// same dkv lines at once. 1: consecutive rows.
-#ifndef SA90_BWD_ROW_GROUPS
-#define SA90_BWD_ROW_GROUPS 1
-#endif
-
-// SA90_BWD_COL_HALVES=1 (experiment): the ring's two buffers are the pair tile's column
+// SA90_BWD_COL_HALVES=1 (the default since v31: -1.0 % atomic / -1.0 % deterministic at
+// S=16384, -1.1 % / -1.6 % at 4096): the ring's two buffers are the pair tile's column
 // halves (columns 0-255 / 256-511 of its 64 keys; gather_pair_halves) instead of its two
 // 32-key blocks: half 0 is refilled once consumer 0's dq products are done (it alone reads
 // it after S and dP), half 1 once consumer 1's are, and consumer 0's S and dP of the next
-// pair start on columns 0-255 while 256-511 land. 0: blocks, each freed by both consumers.
+// pair start on columns 0-255 while 256-511 land. 0: blocks, each freed by both consumers
+// (v16-v30; DSV4_SA90_BWD_DIAG=9 needs it).
 #ifndef SA90_BWD_COL_HALVES
-#define SA90_BWD_COL_HALVES 0
+#define SA90_BWD_COL_HALVES 1
 #endif
 static_assert(SA90_BWD_COL_HALVES == 0 || DSV4_SA90_BWD_DIAG != 9, "DSV4_SA90_BWD_DIAG=9 reduces per block of the ring");
 
@@ -480,18 +473,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     int* flag_s = reinterpret_cast<int*>(smem + kFlagOff);
     u64* qdo_bar = reinterpret_cast<u64*>(smem + kBarOff);
     u64* ready_bar = qdo_bar + 1;  // [buffer]: the producer's 128 threads
-    u64* free_bar = qdo_bar + 3;   // [buffer]: both consumers' 256 threads
+    u64* free_bar = qdo_bar + 3;   // [buffer]: the consumers that read it last (halves: one's 128 threads; blocks: both, 256)
     u64* keys_bar = qdo_bar + 5;   // [buffer]: the producer's key writers
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
     const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
     const i64 n_rows = static_cast<i64>(p.B) * p.S;
-    i64 launch_v = static_cast<i64>(p.chunk_base) + local;
-    if constexpr (SA90_BWD_ROW_GROUPS > 1 && SA90_BWD_ATOMIC != 0) {
-        if (n_rows % SA90_BWD_ROW_GROUPS == 0) launch_v = (launch_v % SA90_BWD_ROW_GROUPS) * (n_rows / SA90_BWD_ROW_GROUPS) + launch_v / SA90_BWD_ROW_GROUPS;
-    }
-    const i64 row = sa::launch_row(launch_v, n_rows, p.rows_desc);  // b * S + s
+    const i64 row = sa::launch_row(static_cast<i64>(p.chunk_base) + local, n_rows, p.rows_desc);  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
     const int h0 = hb * kHB;
