@@ -2,10 +2,7 @@
 # v30 call 1: the backward's ring in column halves (SA90_BWD_COL_HALVES) and the atomic rows in G regions (SA90_BWD_ROW_GROUPS): tests, then timings.
 set -uo pipefail
 cd "$(dirname "$0")/../.."  # run as .dev/gpu/call1.sh (copied there after scripts/gpu-build.sh)
-out=${OUT:-.dev/out}; mkdir -p "$out"
-exec > >(tee "$out/log.txt") 2>&1
-export DSV4_GOLDEN_DIR=$PWD/.dev/gpu/golden DSV4_SHARED_DIR=$PWD/.dev/gpu/no-shared
-run(){ local d="$1"; shift; export DSV4_EXTRA_DEFINES="$d"; export DSV4_CACHE_DIR=/tmp/kc/$(echo "$d"|md5sum|cut -c1-8); env "$@"; }
+source scripts/gpu-variant-env.sh  # $out, the log, the golden files, run()
 T=.dev/gpu/tests/gpu_sparse_attention; N=.dev/gpu/dsv4
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader

@@ -4,10 +4,7 @@
 # chunk count (atomic / deterministic) and the atomic kv evict_last policy re-swept over the halves ring.
 set -uo pipefail
 cd "$(dirname "$0")/../.."  # run as .dev/gpu/call2.sh (copied there after scripts/gpu-build.sh)
-out=${OUT:-.dev/out}; mkdir -p "$out"
-exec > >(tee "$out/log.txt") 2>&1
-export DSV4_GOLDEN_DIR=$PWD/.dev/gpu/golden DSV4_SHARED_DIR=$PWD/.dev/gpu/no-shared
-run(){ local d="$1"; shift; export DSV4_EXTRA_DEFINES="$d"; export DSV4_CACHE_DIR=/tmp/kc/$(echo "$d"|md5sum|cut -c1-8); env "$@"; }
+source scripts/gpu-variant-env.sh  # $out, the log, the golden files, run()
 N=.dev/gpu/dsv4; S=/usr/local/cuda/bin/compute-sanitizer
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
