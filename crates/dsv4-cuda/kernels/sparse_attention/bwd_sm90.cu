@@ -479,8 +479,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
     const int local = static_cast<int>(blockIdx.x);  // row of the launch (deterministic: of the wave)
-    const i64 n_rows = static_cast<i64>(p.B) * p.S;
-    const i64 row = sa::launch_row(static_cast<i64>(p.chunk_base) + local, n_rows, p.rows_desc);  // b * S + s
+    const i64 row = sa::launch_row(static_cast<i64>(p.chunk_base) + local, static_cast<i64>(p.B) * p.S, p.rows_desc);  // b * S + s
     const int b = static_cast<int>(row / p.S), s = static_cast<int>(row % p.S);
     const int hb = static_cast<int>(blockIdx.y), n_hblk = static_cast<int>(gridDim.y);
     const int h0 = hb * kHB;
