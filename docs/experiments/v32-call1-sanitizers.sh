@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # v32 call 1: the full sanitizer pass, one small_* test at a time under memcheck (a deadline
 # keeps the call inside its limit; SKIP_DONE lists the ones a previous call finished), then
-# racecheck / synccheck, dsv4 check and the indexer bench.
+# racecheck / synccheck, dsv4 check and the indexer bench. Ran as `BUDGET=550 bash
+# .dev/gpu/call1.sh` after scripts/gpu-build.sh, carrying .dev/gpu (the prelude's lines were
+# inline then).
 set -uo pipefail
-out=${OUT:-.dev/out}; mkdir -p "$out"
-exec > >(tee "$out/log.txt") 2>&1
+source scripts/gpu-variant-env.sh
 dir=.dev/gpu
-export DSV4_GOLDEN_DIR=$PWD/$dir/golden DSV4_SHARED_DIR=$PWD/$dir/no-shared DSV4_CACHE_DIR=/tmp/kc-default
+export DSV4_CACHE_DIR=/tmp/kc-default
 san=/usr/local/cuda/bin/compute-sanitizer
 deadline=$((SECONDS + ${BUDGET:-540}))
 left(){ echo $((deadline - SECONDS)); }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# v32 call 2: every GPU test executable (plain runs) on the final main, then the benches of
-# every operation for the closing notes (full output, nothing cut).
+# v32 call 2: `dsv4 bench` of the attention (no sweep), Sinkhorn and qnorm_rope for the closing
+# notes (full output, nothing cut), then every GPU test executable (plain runs). Ran as
+# `BUDGET=560 bash .dev/gpu/call2.sh` after scripts/gpu-build.sh, carrying .dev/gpu (the
+# prelude's lines were inline then).
 set -uo pipefail
-out=${OUT:-.dev/out}; mkdir -p "$out"
-exec > >(tee "$out/log.txt") 2>&1
+source scripts/gpu-variant-env.sh
 dir=.dev/gpu
-export DSV4_GOLDEN_DIR=$PWD/$dir/golden DSV4_SHARED_DIR=$PWD/$dir/no-shared DSV4_CACHE_DIR=/tmp/kc-default
+export DSV4_CACHE_DIR=/tmp/kc-default
 deadline=$((SECONDS + ${BUDGET:-560}))
 left(){ echo $((deadline - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version --format=csv
