@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=.. EMU_LANES=..] python3 scripts/sa_det_grid_emulate.py [seed] [normal|big] [grid exponent, default 23]
+# Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=.. EMU_LANES=..] python3 research/sa_det_grid_emulate.py [seed] [normal|big] [grid exponent, default 23]
 # (numpy; ~30 s; docs/perf.md v18 "A deterministic backward by exact sums on a grid").
 # Emulation: deterministic dKV by exact f32 sums on a per-key power-of-two grid.
 # Each contribution c (f32) is rounded to grid_k = 2^(ceil(log2 B_k) - 23), B_k an upper

@@ -9,7 +9,7 @@ optional random +-1 ulp) and judged against an f64 evaluation of the reference
 rows of max |got - ref| / max |ref row| (row = n entries, as the GPU tests and `dsv4 check`
 judge; the golden runner uses the whole matrix as the row).
 
-    python3 scripts/sinkhorn_bwd_emulate.py [--m 262144] [--golden PATH]
+    python3 research/sinkhorn_bwd_emulate.py [--m 262144] [--golden PATH]
 """
 import argparse
 import json

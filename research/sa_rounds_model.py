@@ -11,7 +11,7 @@ last CTA of this one ends), so a wave's last round of a few CTAs leaves the othe
 Prints the modelled time (in full-row times) of each wave layout: waves of `W` rows in B*S
 order or from the last row (`desc`), the remainder wave last in launch order or first.
 
-    python3 scripts/sa_rounds_model.py
+    python3 research/sa_rounds_model.py
 """
 import heapq
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=..] python3 scripts/sa_det_f16_emulate.py [seed] [normal|big]
+# Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=..] python3 research/sa_det_f16_emulate.py [seed] [normal|big]
 # (numpy, ~25 s at the default S=1024; docs/perf.md v21)
 # Emulation: deterministic dKV from contributions stored in 16 bits. Each (row, slot)
 # contribution c [D] (f32 in the kernel) is stored per 64-column chunk as fp16(c / s) with

@@ -2,7 +2,7 @@
 """Read the Hopper attention forward's clock trace (fwd_sm90.cu, SA90_TRACE=1).
 
     DSV4_EXTRA_DEFINES=SA90_TRACE=1 dsv4 bench sparse-attention --fwd-only --s 4096 --trace-out t
-    python3 scripts/sa90_trace.py t.s4096.h64.d512.bin
+    python3 research/sa90_trace.py t.s4096.h64.d512.bin
 
 Prints, over the traced rows (every 8th) that ran the full number of iterations, the
 median (p10, p90) SM-clock time of each event from the producer's entry, the per-iteration

@@ -4,7 +4,7 @@ and judged like the GPU tests (max |got - ref| / max |ref row|, rows of n, f64 r
 Companion of sinkhorn_bwd_emulate.py (same conventions: FMA = one rounding; MUFU results
 +-1 ulp at random). CPU only; not a measurement of any GPU.
 
-    python3 scripts/sinkhorn_fwd_emulate.py [--m 262144]
+    python3 research/sinkhorn_fwd_emulate.py [--m 262144]
 """
 import argparse
 

@@ -9,7 +9,7 @@ feeds every reversed step bitwise the same factors as the tape kernel, and so re
 bitwise the same gt and dx, for several n and repeat (edge cases: repeat = 1, a last
 group of one pair).
 
-    python3 scripts/sinkhorn_bwd_ckpt_emulate.py [--m 8] [--pairs 2]
+    python3 research/sinkhorn_bwd_ckpt_emulate.py [--m 8] [--pairs 2]
 """
 import argparse
 import struct
