@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=..] python3 research/sa_det_f16_emulate.py [seed] [normal|big]
-# (numpy, ~25 s at the default S=1024; docs/perf.md v21)
+# (numpy, ~25 s at the default S=1024; docs/perf/LOG.md v21)
 # Emulation: deterministic dKV from contributions stored in 16 bits. Each (row, slot)
 # contribution c [D] (f32 in the kernel) is stored per 64-column chunk as fp16(c / s) with
 # s = the chunk's max |c| (f32), or as bf16(c) without a scale, or (not built) as

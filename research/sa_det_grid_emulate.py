@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Usage: [EMU_S=.. EMU_P=.. EMU_TOPK=.. EMU_LANES=..] python3 research/sa_det_grid_emulate.py [seed] [normal|big] [grid exponent, default 23]
-# (numpy; ~30 s; docs/perf.md v18 "A deterministic backward by exact sums on a grid").
+# (numpy; ~30 s; docs/perf/LOG.md v18 "A deterministic backward by exact sums on a grid").
 # Emulation: deterministic dKV by exact f32 sums on a per-key power-of-two grid.
 # Each contribution c (f32) is rounded to grid_k = 2^(ceil(log2 B_k) - 23), B_k an upper
 # bound on sum |c| over the key's contributions; then every partial sum is an exact f32,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rounds model of the attention backward's CTAs (docs/perf.md v23).
+"""Rounds model of the attention backward's CTAs (docs/perf/LOG.md v23).
 
 One CTA a query row, one CTA an SM (132 on the H200), CTAs started in launch order on the
 first free SM (greedy list scheduling). A row's cost is its valid slots (a 128-key causal
