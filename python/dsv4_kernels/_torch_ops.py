@@ -15,7 +15,18 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import ops
+from . import _native, ops
+
+def _workspace(nbytes: int, device: int):
+    """Device memory for the CUDA kernels' workspaces, packed copies and plan buffers:
+    a uint8 tensor from torch's caching allocator on the current stream (the stream the
+    kernels run on), so no call allocates or frees through the driver, torch's memory
+    statistics count it, and a CUDA graph capture takes it from the graph's pool."""
+    t = torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device("cuda", int(device)))
+    return t.data_ptr(), t
+
+
+_native.set_workspace_allocator(_workspace)
 
 # Plans cannot cross the custom-op boundary as objects: ops take a plan id (-1: none).
 _plans: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()

@@ -83,6 +83,13 @@ thread_local! {
 
 /// Make this thread's launches for device `ordinal` use a caller's stream (a raw
 /// `CUstream` as u64, e.g. torch's current stream); `None` returns to the runtime's own.
+///
+/// Memory the runtime allocates while a caller's stream is current (workspaces, and the
+/// storage of tensors it returns) is stream-ordered on that stream: taken with
+/// `cuMemAllocAsync` and given back with `cuMemFreeAsync` on it, so no call waits for the
+/// device. The caller promises that the stream outlives that memory (a workspace lives for
+/// one call; a returned tensor or plan as long as the caller keeps it). A workspace
+/// allocator ([`with_workspace_allocator`]) takes precedence.
 pub fn set_current_stream(ordinal: usize, stream: Option<u64>) {
     CURRENT_STREAM.with(|m| {
         let mut m = m.borrow_mut();
@@ -91,6 +98,41 @@ pub fn set_current_stream(ordinal: usize, stream: Option<u64>) {
             None => m.remove(&ordinal),
         };
     });
+}
+
+/// Device memory from a caller's allocator (e.g. torch's caching allocator): the address
+/// and an owner that keeps the memory alive until dropped (its release is the caller's
+/// business, stream-ordered on the stream the memory was taken for).
+pub type ForeignMemory = (u64, Box<dyn std::any::Any + Send + Sync>);
+
+/// A caller's allocator for the memory the runtime needs during a call: workspaces, packed
+/// copies, plan buffers. `allocate` returns at least `bytes` bytes on device `ordinal`,
+/// usable in the order of the current stream (see [`set_current_stream`]).
+pub trait WorkspaceAllocator: Send + Sync {
+    fn allocate(&self, ordinal: usize, bytes: usize) -> std::result::Result<ForeignMemory, String>;
+}
+
+thread_local! {
+    /// Per thread: the allocator installed by `with_workspace_allocator`, if any.
+    static ALLOCATOR: RefCell<Option<Arc<dyn WorkspaceAllocator>>> = const { RefCell::new(None) };
+}
+
+/// Run `f` with `alloc` serving every device allocation the runtime makes on this thread
+/// (the previous allocator, if any, comes back afterwards, also on a panic).
+pub fn with_workspace_allocator<R>(alloc: Arc<dyn WorkspaceAllocator>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Arc<dyn WorkspaceAllocator>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            ALLOCATOR.with(|a| *a.borrow_mut() = prev);
+        }
+    }
+    let _restore = Restore(ALLOCATOR.with(|a| a.borrow_mut().replace(alloc)));
+    f()
+}
+
+fn current_allocator() -> Option<Arc<dyn WorkspaceAllocator>> {
+    ALLOCATOR.with(|a| a.borrow().clone())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -325,24 +367,32 @@ impl Gpu {
         Ok(Tensor::from_device(Arc::new(buf), dtype, shape, None))
     }
 
-    /// Device memory of `bytes` (at least 1), stream-ordered on the runtime's own stream,
-    /// plain `cuMemAlloc` when the current stream is a caller's (whose lifetime we do not
-    /// know, so freeing on it later would be unsafe).
+    /// Device memory of `bytes` (at least 1): from the thread's workspace allocator when one
+    /// is installed ([`with_workspace_allocator`]), else stream-ordered on the current
+    /// stream (the runtime's own or a caller's, see [`set_current_stream`]); plain
+    /// `cuMemAlloc` only where the driver has no stream-ordered allocator.
     fn buffer(&self, bytes: usize) -> Result<GpuBuffer> {
         self.bind()?;
         let size = bytes.max(1);
-        let stream_ordered = self.own_stream() && self.ctx.has_async_alloc();
-        // SAFETY: the context is current; the stream is the runtime's own, live for the
-        // process (the Gpu is never dropped).
+        if let Some(a) = current_allocator() {
+            let (ptr, owner) = a.allocate(self.ordinal, size).map_err(|e| Error::Cuda(format!("allocating {bytes} bytes on cuda:{} (caller's allocator): {e}", self.ordinal)))?;
+            return Ok(GpuBuffer { ptr, bytes, ordinal: self.ordinal, ctx: self.ctx.clone(), release: Release::Foreign(owner) });
+        }
+        let stream = self.stream_raw();
+        let stream_ordered = self.ctx.has_async_alloc();
+        // SAFETY: the context is current; the stream is the runtime's own (live for the
+        // process: the Gpu is never dropped) or the caller's current one, which the caller
+        // keeps alive (set_current_stream's contract).
         let ptr = unsafe {
             if stream_ordered {
-                cu::malloc_async(self.stream.cu_stream(), size)
+                cu::malloc_async(stream as sys::CUstream, size)
             } else {
                 cu::malloc_sync(size)
             }
         }
         .map_err(|e| Error::Cuda(format!("allocating {bytes} bytes on cuda:{}: {e:?}", self.ordinal)))?;
-        Ok(GpuBuffer { ptr, bytes, ordinal: self.ordinal, ctx: self.ctx.clone(), free_on: stream_ordered.then(|| self.stream.clone()) })
+        let release = if stream_ordered { Release::Async { stream, _own: self.own_stream().then(|| self.stream.clone()) } } else { Release::Sync };
+        Ok(GpuBuffer { ptr, bytes, ordinal: self.ordinal, ctx: self.ctx.clone(), release })
     }
 
     /// Scratch workspace of `bytes`, freed on drop.
@@ -766,8 +816,18 @@ pub struct GpuBuffer {
     bytes: usize,
     ordinal: usize,
     ctx: Arc<CudaContext>,
-    /// The runtime's own stream when allocated with cuMemAllocAsync (freed on it).
-    free_on: Option<Arc<CudaStream>>,
+    release: Release,
+}
+
+/// How a [`GpuBuffer`] gives its memory back.
+enum Release {
+    /// `cuMemFree` (no stream-ordered allocator).
+    Sync,
+    /// `cuMemFreeAsync` on the stream it was allocated on (`_own` keeps the runtime's own
+    /// stream alive when it is that one).
+    Async { stream: u64, _own: Option<Arc<CudaStream>> },
+    /// A caller's allocator owns it: dropping the owner releases it.
+    Foreign(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>),
 }
 
 impl std::fmt::Debug for GpuBuffer {
@@ -782,11 +842,14 @@ impl Drop for GpuBuffer {
             return;
         }
         // SAFETY: `ptr` was allocated once by `Gpu::buffer` and is freed once, here, the
-        // same way it was allocated; the runtime's own stream lives for the process.
+        // same way it was allocated, on the stream it was allocated on (the runtime's own,
+        // live for the process, or a caller's, which set_current_stream's contract keeps
+        // alive); foreign memory is released by dropping its owner.
         let _ = unsafe {
-            match &self.free_on {
-                Some(stream) => cu::free_async(self.ptr, stream.cu_stream()),
-                None => cu::free_sync(self.ptr),
+            match &self.release {
+                Release::Async { stream, .. } => cu::free_async(self.ptr, *stream as sys::CUstream),
+                Release::Sync => cu::free_sync(self.ptr),
+                Release::Foreign(_) => Ok(()),
             }
         };
     }

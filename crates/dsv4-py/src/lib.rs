@@ -37,5 +37,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::is_kernel_available, m)?)?;
     m.add_function(wrap_pyfunction!(ops::describe, m)?)?;
     m.add_function(wrap_pyfunction!(ops::set_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::set_workspace_allocator, m)?)?;
     Ok(())
 }
