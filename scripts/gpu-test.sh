@@ -2,7 +2,8 @@
 # Run ON the GPU machine, from the repository root, what scripts/gpu-build.sh staged in
 # .dev/gpu/: every test executable (GPU tests included), compute-sanitizer memcheck over
 # the small-shape tests (`small_*`), then `dsv4 check --backend cuda`. Exits non-zero on
-# any failure. Log: ${OUT:-.dev}/gpu-test.log. DSV4_SANITIZER=0 leaves memcheck out (for a
+# any failure (memcheck and initcheck over the small tests, racecheck and synccheck over the
+# attention's). Log: ${OUT:-.dev}/gpu-test.log. DSV4_SANITIZER=0 leaves memcheck out (for a
 # quick iteration; a full run keeps it); DSV4_GPU_TESTS=0 leaves the plain test runs out (the
 # sanitizers and check alone, when one device call cannot hold both).
 set -uo pipefail
@@ -60,6 +61,14 @@ elif [ -x "$sanitizer" ]; then
     # memcheck slows kernels 10-100x: only the small-shape tests, where a binary has any.
     "$t" --list --include-ignored 2>/dev/null | grep -q '^small_' || { echo "memcheck $(basename "$t"): no small_* tests"; continue; }
     run "memcheck $(basename "$t")" "$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
+  done
+  # Reads of device memory nothing wrote (a launch reading per-row work lists past the
+  # part that was written, an output row left unwritten and read back): initcheck on the
+  # same small tests.
+  for t in "$dir"/tests/gpu_*; do
+    [ -e "$t" ] || continue
+    "$t" --list --include-ignored 2>/dev/null | grep -q '^small_' || continue
+    run "initcheck $(basename "$t")" "$sanitizer" --tool initcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
   done
   # Shared-memory races and barrier misuse in the attention kernels (many warps, one
   # CTA-wide shared layout per tile): racecheck and synccheck on their small tests.
