@@ -3,10 +3,11 @@
     python -m dsv4_kernels.bench [TARGET ...] [--s 4096 16384] [--b 1] [--h 64] [--d 512]
                                  [--slots 640] [--iters 50] [--cooldown-ms 500] [--json FILE]
 
-Targets: ``attention`` (forward, backward atomic and deterministic, through the
+Targets: ``nemo-layer`` (NeMo AutoModel's DeepseekV4Attention forward + backward, the
+seeds' torch path against ours, with peak memory; needs nemo_automodel), ``attention`` (forward, backward atomic and deterministic, through the
 ``torch.ops.dsv4`` ops that autograd calls, with and without a plan), ``indexer``
 (scores, ``lightning_indexer`` = scores + top-k, top-k scores forward + backward),
-``sinkhorn``, ``qnorm_rope``, ``builder``; ``all`` (the default) is every one of them.
+``sinkhorn``, ``qnorm_rope``, ``builder``; ``all`` (the default) is every kernel target.
 
 Every row reports, in milliseconds:
 - ``gpu``: CUDA events around ``iters`` calls queued back to back, divided by ``iters``
@@ -171,12 +172,80 @@ def bench_builder(a, rows, add):
         add(rows, "plan_sparse_indices", shape, lambda: dk.plan_dsv4_sparse_indices(idx, s + p, "cuda"))
 
 
-TARGETS = {"attention": bench_attention, "indexer": bench_indexer, "sinkhorn": bench_sinkhorn, "qnorm_rope": bench_qnorm_rope, "builder": bench_builder}
+def bench_nemo_layer(a, rows, add):
+    """NeMo AutoModel 0.7.0's DeepseekV4Attention (hidden 4096, H=64, D=512, compress ratio 4,
+    window 128, top-512) forward + backward: the seeds' torch path (its eager attention over
+    the dense mask), then ours (apply_dsv4_kernels_to_nemo); time, peak memory, and the share
+    of ours spent in this project's kernels (profiler, CUDA time of kernels by name)."""
+    try:
+        from nemo_automodel.components.models.common.utils import BackendConfig
+        from nemo_automodel.components.models.deepseek_v4 import layers as L
+        from nemo_automodel.components.models.deepseek_v4.config import DeepseekV4Config
+    except Exception as e:  # noqa: BLE001 - optional
+        print(f"nemo-layer: NeMo AutoModel is not importable ({e}); skipped")
+        return
+    from dsv4_kernels.integrations.nemo import apply_dsv4_kernels_to_nemo
+
+    cfg = DeepseekV4Config(num_hidden_layers=1, compress_ratios=[4], hidden_size=4096, num_attention_heads=64, head_dim=512, index_topk=512, sliding_window=128)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(DEV):
+        layer = L.DeepseekV4Attention(cfg, 0, backend=BackendConfig(attn="torch"))
+    torch.set_default_dtype(torch.float32)
+    rot = L.DeepseekV4RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.qk_rope_head_dim / cfg.head_dim).to(DEV)
+    rotc = L.DeepseekV4RotaryEmbedding(cfg.compress_rope_theta, cfg.head_dim, cfg.qk_rope_head_dim / cfg.head_dim, rope_scaling=cfg.rope_scaling).to(DEV)
+    for s in a.s:
+        x = torch.randn(a.b, s, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        pos = torch.arange(s, device=DEV)[None].expand(a.b, -1)
+        pe, pec = rot(x, pos), rotc(x, pos)
+        mask = L.build_causal_padding_mask(None, s, torch.bfloat16, DEV, a.b, sliding_window=128)
+        g = torch.randn(a.b, s, 4096, device=DEV, dtype=torch.bfloat16)
+
+        def step():
+            out, _ = layer(x, pe, attention_mask=mask, position_embeddings_compress=pec, rotary_compress=rotc, position_ids=pos)
+            out.backward(g)
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+
+        shape = f"B={a.b} S={s} hidden=4096 H=64 D=512"
+        for name, patched in (("ours", True), ("seeds-torch", False)):
+            handle = apply_dsv4_kernels_to_nemo() if patched else None
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                try:
+                    add(rows, f"nemo-layer fwd+bwd {name}", shape, step, peer_of=None if patched else "nemo-layer fwd+bwd ours")
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    print(f"nemo-layer fwd+bwd {name:20s} {shape}: out of memory", flush=True)
+                    rows.append({"op": f"nemo-layer fwd+bwd {name}", "shape": shape, "error": "out of memory"})
+                    continue
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+                rows[-1]["peak_gib"] = peak
+                print(f"    peak memory above the inputs: {peak:.2f} GiB", flush=True)
+                if patched:
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        step()
+                        torch.cuda.synchronize()
+                    ours_us = total_us = 0.0
+                    for e in prof.key_averages():
+                        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+                        if e.key.startswith(("sparse_attn", "indexer", "idx", "sinkhorn", "qnorm", "build_indices", "topk", "dsv4")):
+                            ours_us += t
+                        total_us += t
+                    rows[-1]["ours_kernels_share"] = ours_us / max(total_us, 1e-9)
+                    print(f"    this project's kernels: {ours_us / 1e3:.3f} ms of {total_us / 1e3:.3f} ms of CUDA time", flush=True)
+            finally:
+                if handle is not None:
+                    handle.undo()
+
+
+TARGETS = {"attention": bench_attention, "indexer": bench_indexer, "sinkhorn": bench_sinkhorn, "qnorm_rope": bench_qnorm_rope, "builder": bench_builder, "nemo-layer": bench_nemo_layer}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m dsv4_kernels.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("targets", nargs="*", default=["all"], help="attention indexer sinkhorn qnorm_rope builder all")
+    ap.add_argument("targets", nargs="*", default=["all"], help="attention indexer sinkhorn qnorm_rope builder nemo-layer all")
     ap.add_argument("--s", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--b", type=int, default=1)
     ap.add_argument("--h", type=int, default=64)
@@ -186,7 +255,7 @@ def main(argv=None):
     ap.add_argument("--cooldown-ms", type=float, default=500.0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    names = list(TARGETS) if "all" in a.targets else a.targets
+    names = [n for n in TARGETS if n != "nemo-layer"] if "all" in a.targets else a.targets
     rows = []
     ours = {}
 

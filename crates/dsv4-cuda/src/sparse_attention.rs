@@ -150,6 +150,10 @@ pub struct InvIndexParams {
     pub rows_desc: i32,  // the main kernel's BwdParams::rows_desc: launch row v is row rows_total - 1 - v
     pub rows_total: i32, // B*S
     pub dkv_out: u64,    // reduce_f16's last wave: [G, D] bf16 written as bf16(acc + sum); 0: acc += sum
+    pub partials: u64,   // reduce_f16 over several waves: [G, groups, D] f32 running group sums (zeroed); 0: one wave
+    pub carried: u64,    // reduce_f16, an index per wave: [G] i32 entries of each key in earlier waves (zeroed); 0: global index
+    pub last_wave: i32,  // 1: the last wave's reduce (it adds the groups' sums)
+    pub pad_: i32,
 }
 
 /// Mirrors `SparseAttnConvertParams`.
@@ -214,7 +218,7 @@ pub struct PackParams {
 
 const _: () = assert!(size_of::<FwdParams>() == 168);
 const _: () = assert!(size_of::<BwdParams>() == 296);
-const _: () = assert!(size_of::<InvIndexParams>() == 168);
+const _: () = assert!(size_of::<InvIndexParams>() == 192);
 const _: () = assert!(size_of::<ConvertParams>() == 32);
 const _: () = assert!(size_of::<DsinksParams>() == 32);
 const _: () = assert!(size_of::<PlanParams>() == 72);
@@ -843,7 +847,25 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                 rows_desc: rows_desc as i32,
                 rows_total: rows as i32,
                 dkv_out: 0,
+                partials: 0,
+                carried: 0,
+                last_wave: 0,
+                pad_: 0,
             };
+            // Several waves: the 16-bit reduce keeps each entry group's running sum between
+            // them (and, with an index per wave, each key's entries so far), so the result
+            // is bitwise that of one wave whatever the workspace (bwd_reduce.cu).
+            let multi = compact && w.wave_rows < rows;
+            let partials = if multi && index { Some(gpu.scratch(g * groups * dp * 4)?) } else { None };
+            let carried = if multi && index && !w.global { Some(gpu.scratch(g * 4)?) } else { None };
+            if let Some(b) = &partials {
+                gpu.zero(b.ptr(), g * groups * dp * 4)?;
+                ip.partials = b.ptr();
+            }
+            if let Some(b) = &carried {
+                gpu.zero(b.ptr(), g * 4)?;
+                ip.carried = b.ptr();
+            }
             // The index of rows [r0, r0 + n) in n_rb blocks of rows_per_rb rows, into the
             // buffers ip points to (an `InvIndex` of at least n rows and n_rb blocks).
             let build_index = |ip: &mut InvIndexParams, r0: usize, n: usize, rows_per_rb: usize, n_rb: usize| -> Result<()> {
@@ -920,6 +942,7 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
                     // dkv's destination for every key.
                     let last = r0 + n == rows && compact && fused_convert;
                     ip.dkv_out = if last { dkv_dst } else { 0 };
+                    ip.last_wave = (r0 + n == rows) as i32;
                     converted |= last;
                     // SAFETY: colptr/counts/entries as built above index, for rows [r0, r0 +
                     // n) (row blocks [rb_lo, rb_hi) of a global index: r0 and, but at the

@@ -137,8 +137,10 @@ __device__ __forceinline__ int wave_end(const SparseAttnInvIndexParams& p, i64 g
     return p.colptr[g] + p.counts[(p.rb_hi - 1) * p.G + g];
 }
 
-// acc[g] += sum over g's entries e of the wave (in order) of sum over head blocks hb (in
-// order) of contrib[e - entry_base, hb]: one CTA per key, D/4 threads of 4 columns each.
+// acc[g] = (((acc[g] + c_1) + c_2) + ...) over g's entries of the wave in order, each c the
+// head blocks' contributions in order: one sequential fold per column from the first wave
+// to the last, so the sum's bits do not depend on where the waves split the rows. One CTA
+// per key, D/4 threads of 4 columns each.
 extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const SparseAttnInvIndexParams p) {
     const int n4 = p.D / 4;
     const int c = threadIdx.x;
@@ -147,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
     for (i64 g = blockIdx.x; g < p.G; g += gridDim.x) {
         const int lo = wave_begin(p, g), hi = wave_end(p, g);
         if (lo == hi || c >= n4) continue;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 sum = acc[g * n4 + c];
 #pragma unroll 4
         for (int e = lo; e < hi; ++e) {  // unrolled: the loads of 4 entries in flight, the adds in order
             const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
@@ -159,12 +161,7 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
                 sum.w += v.w;
             }
         }
-        float4 a = acc[g * n4 + c];
-        a.x += sum.x;
-        a.y += sum.y;
-        a.z += sum.z;
-        a.w += sum.w;
-        acc[g * n4 + c] = a;
+        acc[g * n4 + c] = sum;
     }
 }
 
@@ -173,10 +170,12 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
 // 16 c4 + 2 j + e = column 8 j + 2 c4 + e) and then the f32 scales [n_rows, T, n_hblk, D / 64];
 // acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum of
 // g's entries of fp16 * scale over head blocks in order. One CTA per key, kGroups groups of
-// D/8 threads (8 stored values, 16 bytes, each): group q sums entries lo + q, lo + q +
-// kGroups, ... in order, then the groups' sums are added in group order (a fixed tree),
-// so a key that most rows select (thousands of entries at the causal start) is not one
-// thread's serial loop.
+// D/8 threads (8 stored values, 16 bytes, each): group q sums, in order, the entries whose
+// position among ALL of g's entries (every wave's) is q mod kGroups, then the groups' sums
+// are added in group order (a fixed tree), so a key that most rows select (thousands of
+// entries at the causal start) is not one thread's serial loop. Over several waves each
+// group's running sum is kept in `partials` and the tree is taken by the last wave alone:
+// the bits are those of one wave over all rows, whatever the workspace and the split.
 // SA_REDUCE_GROUPS (1..8, default 4; the launcher reads the same define for the CTA size).
 #ifndef SA_REDUCE_GROUPS
 #define SA_REDUCE_GROUPS 4
@@ -253,8 +252,9 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
     for (i64 i = blockIdx.x; i < p.G; i += gridDim.x) {
         const i64 g = SA_REDUCE_KEYS_DESC ? p.G - 1 - i : i;
         const int lo = wave_begin(p, g), hi = wave_end(p, g);
-        if (lo == hi) {  // uniform across the CTA
-            if (p.dkv_out != nullptr) {
+        const bool waves = p.partials != nullptr;
+        if (lo == hi && !(waves && p.last_wave)) {  // uniform across the CTA
+            if (p.dkv_out != nullptr && !waves) {
                 // The last wave: the key's earlier sum (or zeros) converted (as sparse_attn_f32_to_bf16).
                 for (int c = 2 * static_cast<int>(threadIdx.x); c < p.D; c += 2 * static_cast<int>(blockDim.x)) {
                     const int src = (c & ~15) + flush_col16(c & 15);  // c even: c + 1 is at src + 1
@@ -264,9 +264,14 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             }
             continue;
         }
+        // The position of entry lo among all of g's entries (earlier waves' first), and the
+        // first entry of this wave that is this group's.
+        const int before = waves ? (p.carried != nullptr ? p.carried[g] : lo - p.colptr[g]) : 0;
+        const int skew = ((grp - before) % kReduceGroups + kReduceGroups) % kReduceGroups;
+        float* const run = waves ? p.partials + (g * kReduceGroups + grp) * p.D + 8 * t : nullptr;
         float sum[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) sum[k] = 0.0f;
+        for (int k = 0; k < 8; ++k) sum[k] = waves ? run[k] : 0.0f;  // partials start as zeros
         if (SA_REDUCE_STAGE > 1 && p.n_hblk == 1) {
             constexpr int kN = SA_REDUCE_STAGE > 1 ? SA_REDUCE_STAGE : 1;
             const int cta = static_cast<int>(blockDim.x);  // a multiple of kReduceGroups
@@ -275,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
                 __syncthreads();  // the previous chunk's ids are read
                 if (static_cast<int>(threadIdx.x) < cn) ids[threadIdx.x] = static_cast<int>(p.entries[c0 + threadIdx.x] - p.entry_base);
                 __syncthreads();
-                int i = grp;
+                int i = skew;  // cta is a multiple of kReduceGroups: the chunk keeps the phase
                 for (; i + (kN - 1) * kReduceGroups < cn; i += kN * kReduceGroups) {
                     uint4 v[kN];
                     float sc[kN];
@@ -295,12 +300,20 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             }
         } else {
 #pragma unroll 4
-            for (int e = lo + grp; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
+            for (int e = lo + skew; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
                 const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
                 for (int hb = 0; hb < p.n_hblk; ++hb) {
                     add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), chunk_scale(scales, (base + hb) * chunks + ch));
                 }
             }
+        }
+        if (waves && !p.last_wave) {
+            // A wave before the last: the groups' running sums wait for the next wave.
+#pragma unroll
+            for (int k = 0; k < 8; ++k) run[k] = sum[k];
+            __syncthreads();  // every thread has read carried[g]
+            if (p.carried != nullptr && threadIdx.x == 0) p.carried[g] = before + (hi - lo);
+            continue;
         }
         if (grp > 0) {
 #pragma unroll

@@ -106,8 +106,16 @@ struct SparseAttnInvIndexParams {
     // reduce_f16, the last wave: dkv_out[g] = bf16(acc[g] + the wave's sum) for every key,
     // in natural column order (acc is not written back); null: acc[g] += the sum
     bf16* dkv_out;         // [G, D] bf16 or null
+    // reduce_f16 over several waves: each entry group's running sum of key g kept between
+    // waves ([G, groups, D] f32 zeroed before the first, each thread's 8 values at 8 t of its
+    // group's row; null: one wave), and, with an index per wave, the entries of g taken by
+    // the earlier waves ([G] i32, zeroed before the first; null: a global index, where
+    // colptr tells it); last_wave: this launch is the last wave's (it takes the groups' tree)
+    float* partials;
+    i32* carried;
+    i32 last_wave, pad_;
 };
-DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 168);
+DSV4_PARAMS_SIZE(SparseAttnInvIndexParams, 192);
 
 // bwd_reduce.cu: f32 accumulator -> bf16 gradient.
 struct SparseAttnConvertParams {
