@@ -10,7 +10,7 @@
 # The bench's warm-up launches are listed too (3 before each timed row): read the last ones.
 # TIMELINE_RAW=<file> keeps ncu's csv; NCU_EXTRA adds ncu options (e.g. "--clock-control none
 # --cache-control none": the card's own clocks, caches not flushed between kernels).
-# (First run on the H200 in v26: docs/perf.md v26, calls 1-2.)
+# (First run on the H200 in v26: docs/perf/LOG.md v26, calls 1-2.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,10p "$0"; exit 2; }

@@ -1,5 +1,5 @@
 # Sourced (from the repository root on the GPU machine) by the one-off variant calls of
-# docs/experiments/*.sh: logs to $OUT/log.txt, points the tests at the staged golden files
+# the lab (docs/experiments/*.sh, kept by tag lab-v32): logs to $OUT/log.txt, points the tests at the staged golden files
 # only, and defines `run DEFINES CMD...`: CMD with DSV4_EXTRA_DEFINES=DEFINES (commas) and a
 # kernel cache of that define set's own.
 out=${OUT:-.dev/out}; mkdir -p "$out"

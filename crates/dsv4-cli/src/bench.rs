@@ -174,7 +174,7 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     }
     if let Some(path) = trace_out {
         // lse of the last plan forward, raw f32 bits: with DSV4_EXTRA_DEFINES=SA90_TRACE=1 it
-        // holds the Hopper forward's clock trace (fwd_sm90.cu; scripts/sa90_trace.py reads it).
+        // holds the Hopper forward's clock trace (fwd_sm90.cu; research/sa90_trace.py reads it).
         let bits: Vec<u8> = lse.to_f32_vec()?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
         let file = format!("{path}.s{s}.h{h}.d{d}.bin");
         std::fs::write(&file, bits).map_err(|e| Error::Data(format!("--trace-out {file}: {e}")))?;

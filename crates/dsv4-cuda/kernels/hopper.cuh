@@ -86,7 +86,7 @@ __device__ __forceinline__ void mbar_arrive(u64* bar) {
 // plain st.shared stores: publish those through a separate barrier (mbar_arrive). One
 // arrival per thread and phase is also what compute-sanitizer's synccheck accepts (an
 // asynchronous plus a plain arrival of one thread in one phase is reported as
-// "Missing wait", docs/perf.md v6).
+// "Missing wait", docs/perf/LOG.md v6).
 __device__ __forceinline__ void mbar_arrive_after_cp_async(u64* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }

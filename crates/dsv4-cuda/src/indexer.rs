@@ -779,7 +779,7 @@ fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &
 /// Threads of a `topk.cu` CTA (one row): 128, or `TOPK_THREADS` from `DSV4_EXTRA_DEFINES`
 /// (a multiple of 32 in 64..=1024). Smaller CTAs put more rows in flight an SM: on the
 /// H200, 128 threads took the S=16384 scores + top-k from 1.965 ms (512) to 1.706 ms, 256
-/// threads 1.782 (docs/perf.md v8).
+/// threads 1.782 (docs/perf/LOG.md v8).
 fn topk_threads() -> u32 {
     crate::runtime::extra_define("TOPK_THREADS").and_then(|v| v.parse::<u32>().ok()).filter(|t| t % 32 == 0 && (64..=1024).contains(t)).unwrap_or(128)
 }
@@ -902,7 +902,7 @@ pub fn fused_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut,
 /// `ScoresPath::Auto` on Hopper takes [`chunked_topk`] with [`FUSED_SCRATCH_BYTES`]
 /// instead of the fused Hopper kernel: the dense wgmma scores then `topk.cu` measured
 /// 1.974 ms against the fused kernel's 2.567 ms at S = 16384, P = 4096 (0.238 against
-/// 0.261 at S = 4096; H200, docs/perf.md v7), at the price of a scratch of at most
+/// 0.261 at S = 4096; H200, docs/perf/LOG.md v7), at the price of a scratch of at most
 /// 256 MiB. `DSV4_INDEXER_FUSED_SM90=1` (read once) keeps the fused kernel on `Auto`;
 /// `ScoresPath::Hopper` always runs it.
 pub fn fused_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, path: ScoresPath) -> Result<()> {

@@ -109,7 +109,7 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 // IDX90_TWO_WG_STAGES (4) stages: a key tile is read once for 2 BQ queries (half the
 // L2 -> shared traffic), and one warpgroup's head sums are meant to overlap the other's
 // products as two one-warpgroup CTAs an SM do (H200, S = 16384: dense scores 1.110 ->
-// 1.094 ms, 5 stages 1.099; docs/perf.md v11, whose ncu profile suggests the two run in
+// 1.094 ms, 5 stages 1.099; docs/perf/LOG.md v11, whose ncu profile suggests the two run in
 // step instead: IDX90_PINGPONG below). IDX90_TWO_WG=0 keeps the one-warpgroup CTAs of the
 // fused mode, to compare. The launcher reads both defines (threads, shared memory, grid
 // of 2 BQ-query blocks).
@@ -130,7 +130,7 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 // tensor cores, warpgroup 1 issuing tile t's products once warpgroup 0's are done (named
 // barrier BAR_PP_DONE), warpgroup 0 issuing tile t + 1's once warpgroup 1's tile t products
 // are issued (BAR_PP_ISSUED), so each warpgroup's epilogue runs under the other's products.
-// H200, S = 16384 (docs/perf.md v12): dense scores 1.081 / 1.084 -> 1.067 / 1.067 ms,
+// H200, S = 16384 (docs/perf/LOG.md v12): dense scores 1.081 / 1.084 -> 1.067 / 1.067 ms,
 // scores + top-k 1.323 / 1.324 -> 1.309 / 1.309. 0 lets both issue as soon as they can.
 #ifndef IDX90_PINGPONG
 #define IDX90_PINGPONG 1
@@ -143,7 +143,7 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 #define IDX90_PREFETCH 1
 #endif
 // IDX90_TMA=1 (dense, two warpgroups; the default): the key ring is filled by the tensor
-// memory accelerator instead of the producer warp's cp.async. H200, S = 16384 (docs/perf.md
+// memory accelerator instead of the producer warp's cp.async. H200, S = 16384 (docs/perf/LOG.md
 // v12): dense scores 1.071 -> 0.915 ms, scores + top-k 1.313 -> 1.154, the ring alone
 // (IDX90_DIAG=3) 0.384 -> 0.221.
 // Why: the cp.async producer publishes tile t - LAG only once cp.async.wait_group<LAG>
@@ -173,9 +173,9 @@ constexpr int BQ_CTA = NWG * BQ;                          // queries per CTA
 constexpr int ST = NWG == 2 ? IDX90_TWO_WG_STAGES : 2;    // key-tile ring stages
 // N = 256 (H > 32): the product as two N = 128 halves, the first half's head sums
 // overlapping the second half's product (see the consumer; H200, S = 16384: dense scores
-// 1.176 -> 1.144 ms, docs/perf.md v10). Not with two consumer warpgroups (dense), which
+// 1.176 -> 1.144 ms, docs/perf/LOG.md v10). Not with two consumer warpgroups (dense), which
 // overlap each other's head sums: there one N = 256 product measured 1.0845 ms against
-// 1.0856-1.0904 split (docs/perf.md v11).
+// 1.0856-1.0904 split (docs/perf/LOG.md v11).
 constexpr bool SPLIT = NROWS == 256 && NWG == 1;
 // The producer publishes tile t - LAG after issuing tile t, which waits for tile t - ST to
 // be consumed: LAG <= ST - 1 avoids a deadlock, LAG <= ST - 2 keeps a tile of slack (else
@@ -331,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
         //      queries, zero tail chunks), weights -> sw. Dense (one item a CTA): by the
         //      consumers while the producer warp already fills the key ring, then a named
         //      barrier among the consumers (H200, S = 16384: dense scores 1.146 -> 1.116 ms
-        //      against the whole block loading q behind a block barrier, docs/perf.md v10).
+        //      against the whole block loading q behind a block barrier, docs/perf/LOG.md v10).
         //      Fused: by every thread behind the block's barrier (the selection reuses
         //      sq + skv as its key cache, so the ring must not run ahead into it). ---------
         if (FUSED || warp < NCONS_ALL / 32) {

@@ -3,7 +3,7 @@
 // dout) that any f32 evaluation, the f32 CPU reference included, lands ~3e-5 of the row
 // scale away from the exact result on 65k random matrices; f64 keeps it below 1e-9 (any
 // f32 stage, the softmax included, misses the per-row 1e-5 bound:
-// scripts/sinkhorn_bwd_emulate.py).
+// research/sinkhorn_bwd_emulate.py).
 //
 // One thread per matrix. Recompute the forward from x (f64), storing a few numbers per
 // step in shared memory, laid out [entry][thread] (consecutive threads, consecutive
@@ -29,9 +29,9 @@
 //   group is the short one and the last group's factors stay in registers from the
 //   forward pass (not recomputed). The launcher picks P (4 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
 //   On the H200 (n = 4, repeat 20) the per-step tape took 0.0335 / 0.3926 ms at 65,536 /
-//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf.md v8); P = 4
+//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf/LOG.md v8); P = 4
 //   0.0300 / 0.3477 against P = 3's 0.0304 / 0.3570 in one later run, P = 5 0.0301 / 0.3945 (v9).
-//   scripts/sinkhorn_bwd_ckpt_emulate.py checks the indexing (bitwise equal factors).
+//   research/sinkhorn_bwd_ckpt_emulate.py checks the indexing (bitwise equal factors).
 //
 // n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
 // memory too ([e][thread], after the tape): v and g together would not fit in registers.

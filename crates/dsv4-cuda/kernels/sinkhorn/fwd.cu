@@ -24,7 +24,7 @@ using namespace sinkhorn;
 // the MUFU (m2 = mx log2 e is rounded once per row, a common factor of the row that the
 // normalisation cancels). expf took 9 issue slots and the MUFU (its range reduction and
 // fix-ups): H200 v19, 1M 0.0648 -> 0.0633 ms. A degree-5 polynomial on the FMA pipe instead
-// of the MUFU (12 issue slots) measured as expf. scripts/sinkhorn_fwd_emulate.py: with
+// of the MUFU (12 issue slots) measured as expf. research/sinkhorn_fwd_emulate.py: with
 // the approximation's +-2 ulp the per-row error stays ~6e-7 (bound 1e-5).
 constexpr float kLog2e = 1.44269504088896341f;
 __device__ __forceinline__ float softmax_exp(float x, float m2) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ float rcp(float d) {
 // the second, each at most n), are computed on the FMA pipe (rcp_fma) instead of the MUFU.
 // Per warp the one-round loop issued ~1,200 instructions and kept the MUFU busy 176 x 8 =
 // 1,408 cycles (ncu v15: both ~69 % loaded); a reciprocal moved costs 5 issue slots and
-// frees 8 MUFU cycles. H200 (docs/perf.md v20, 1M matrices, same call): R = 0 0.0627 ms,
+// frees 8 MUFU cycles. H200 (docs/perf/LOG.md v20, 1M matrices, same call): R = 0 0.0627 ms,
 // the pair loop alone (SINKHORN_FWD_PAIR_LOOP=1) 0.0600, R = 3 / 4 / 5 / 6 / 8: 0.0579 /
 // **0.0573** / 0.0587 / 0.0590 / 0.0603; 65,536 matrices 0.0091 -> 0.0089. The same counts
 // taken one per column step in a loop of single rounds lost (0.0654 / 0.0616 for 1 / 2):

@@ -74,7 +74,7 @@
 // Why this split: the transposed P^T / dS^T tiles make the dKV product a plain K-major A
 // (no transposed-A wgmma needed) and the non-transposed dS tile gives dq the forward's
 // verified P V form; all descriptors are the forms hopper_probe.cu checks. H200
-// (docs/perf.md v16), S=16384 atomic: without the reductions 6.72 ms, without the products
+// (docs/perf/LOG.md v16), S=16384 atomic: without the reductions 6.72 ms, without the products
 // 7.52, the kernel 8.95-9.06.
 //
 // Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
@@ -124,7 +124,7 @@ using dsv4::sa::slot_key;
 // each slot's contribution is stored in 16 bits, per 64-column chunk as fp16(c / s) with
 // s = the chunk row's max |c| (f32), instead of f32: half the bytes the main kernel writes
 // and bwd_reduce.cu's sparse_attn_inv_reduce_f16 reads (v21, H200: S=16384 18.57-18.59
-// -> 17.06-17.12 ms, S=4096 4.515 -> 4.365). Error (scripts/sa_det_f16_emulate.py, f64
+// -> 17.06-17.12 ms, S=4096 4.515 -> 4.365). Error (research/sa_det_f16_emulate.py, f64
 // reference): dkv's f32 sum 1.9e-4 relative Frobenius (f32 rows: 3.8e-7) at 500 and at
 // 4,096 contributions a key; the bf16 dkv returned 1.67e-3 against 1.66e-3 with f32 rows
 // (its own rounding dominates); SPEC's bound 5e-3. Layout (the wave's n = gridDim.x
@@ -157,7 +157,7 @@ static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DE
 // SA90_BWD_DET_BF16=1 (bwd_reduce.cu and the launcher read the same define): the 16-bit
 // rows as bf16 values alone, no max, no scale (2 D bytes a contribution instead of 2 D + D /
 // 16; the flush's max, shuffles, reciprocal and scale stores gone). Error
-// (scripts/sa_det_f16_emulate.py, v21): the summed dkv 1.7e-3 relative Frobenius (fp16
+// (research/sa_det_f16_emulate.py, v21): the summed dkv 1.7e-3 relative Frobenius (fp16
 // with scales: 1.9e-4), the bf16 dkv returned 2.35e-3 (1.67e-3); SPEC's bound 5e-3;
 // `dsv4 check` 2.92e-3 against 2.40e-3 (v23). H200 (v23, call 2, with the v23 waves):
 // S=16384 11.35-11.42 against 11.41-11.42 ms, S=4096 2.482-2.483 against 2.508-2.510: not

@@ -1,7 +1,7 @@
 // Sparse MQA attention with sinks, forward (SPEC.md section 1), Hopper path (sm_90a):
 // wgmma products fed by a producer warpgroup, for D = 512 and a block of 64 heads.
 // The running max is a chain between the two consumers, and each block's buffer goes back
-// to the producer as soon as both its P V products are done (docs/perf.md v12).
+// to the producer as soon as both its P V products are done (docs/perf/LOG.md v12).
 //
 // dsv4-archs: sm_90a
 // dsv4-test-defines: DSV4_SA90_DIAG=5
@@ -117,7 +117,7 @@ static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, 
 // records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
 // survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no row's lse
 // is written): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
-// plan forward and scripts/sa90_trace.py reads it. Slots: "Trace slots" below.
+// plan forward and research/sa90_trace.py reads it. Slots: "Trace slots" below.
 #ifndef SA90_TRACE
 #define SA90_TRACE 0
 #endif

@@ -36,7 +36,7 @@ namespace sa90 {
 // The producer thread's hand-off of its copies (and stores) since the last one to `bar`
 // (count: the producer's 128 threads): one asynchronous arrival (.noinc) that fires when
 // this thread's cp.async copies have landed. (Timed against the producer waiting for its
-// copies, fencing and arriving: 1-2 % slower, docs/perf.md v7.)
+// copies, fencing and arriving: 1-2 % slower, docs/perf/LOG.md v7.)
 __device__ __forceinline__ void producer_handoff(u64* bar) { hopper::mbar_arrive_after_cp_async(bar); }
 
 // What a consumer does after its wait on a "ready" barrier, before wgmma reads the data:
@@ -52,11 +52,11 @@ __device__ __forceinline__ float exp2_p(float x) {
 }
 
 // One 16-byte K/V gather copy; `valid == false` zero-fills. (L2 hints alone, evict_last on
-// the gathered rows or .L2::256B prefetch, were timed: no change, docs/perf.md v7 and v18;
+// the gathered rows or .L2::256B prefetch, were timed: no change, docs/perf/LOG.md v7 and v18;
 // the forward pairs evict_last with streaming output stores, kv_copy16_policy below.)
 __device__ __forceinline__ void kv_copy16(u32 dst, const void* src, bool valid) { hopper::cp_async16_to(dst, src, valid); }
 // The same with an L2 cache policy (createpolicy): the forward's gathers as evict_last,
-// which pays together with its streaming output stores (docs/perf.md v18).
+// which pays together with its streaming output stores (docs/perf/LOG.md v18).
 __device__ __forceinline__ void kv_copy16_policy(u32 dst, const void* src, bool valid, u64 policy) { hopper::cp_async16_to(dst, src, valid, policy); }
 
 // Bring the 128-byte line holding `p` (global memory) into L2; no result, no ordering.
