@@ -1,14 +1,18 @@
 """The seeds' ``deepseek_v4.optimized_kernels`` functions, same names, arguments and
 defaults, on this project's kernels.
 
-torch tensors go through the ``dsv4`` custom ops (autograd, ``torch.compile``); numpy
-arrays through :mod:`dsv4_kernels.ops` (no autograd; bf16 inputs are given as f32 arrays
-holding bf16-representable values, which the reference accepts).
+torch tensors go through the ``dsv4`` custom ops (autograd, ``torch.compile``), or with a
+torch backend name through plain torch code (below); numpy arrays through
+:mod:`dsv4_kernels.ops` (no autograd; bf16 inputs are given as f32 arrays holding
+bf16-representable values, which the reference accepts).
 
-Backends: ``"torch"``/``"sparse_torch"`` run the CPU reference (CUDA tensors are copied to
-the host and back), ``"cuda"`` this project's kernels (``"tilelang"``/``"cudnn"`` map to it
-with a one-time warning), ``"auto"`` the CUDA kernels where they can take the call, else
-the reference.
+Backends: ``"torch"``/``"sparse_torch"`` with torch tensors run torch composites of
+SPEC.md's formulas on the tensors' own device (:mod:`dsv4_kernels._torch_ref`: f32
+arithmetic, torch autograd, as the seeds' torch fallbacks), and with numpy arrays the CPU
+reference; ``"reference"`` is this project's exact CPU reference for both (CUDA tensors are
+copied to the host and back); ``"cuda"`` this project's kernels (``"tilelang"``/``"cudnn"``
+map to it with a one-time warning); ``"auto"`` the CUDA kernels where they can take the
+call, else the reference.
 """
 
 from __future__ import annotations
@@ -23,13 +27,23 @@ Dsv4IndexerBackend = Literal["torch", "tilelang", "cuda", "auto"]
 Dsv4SinkhornBackend = Literal["torch", "tilelang", "cuda", "auto"]
 
 if torch is not None:
-    from . import _torch_ops
+    from . import _torch_ops, _torch_ref
 
     _dsv4 = torch.ops.dsv4
+
+# The seed backend names that select the torch composites for torch tensors.
+_TORCH_BACKENDS = ("torch", "sparse_torch")
+# The kernel families `is_dsv4_kernel_available` answers for (the seeds' three and qnorm_rope).
+_KERNEL_NAMES = ("sinkhorn", "sparse_attn", "indexer", "qnorm_rope")
 
 
 def _torch_path(*xs) -> bool:
     return any(is_torch(x) for x in xs)
+
+
+def _torch_composite(backend, *xs) -> bool:
+    """Whether the call runs :mod:`._torch_ref` (torch tensors and a torch backend name)."""
+    return isinstance(backend, str) and backend in _TORCH_BACKENDS and _torch_path(*xs)
 
 
 class SparseIndexPlan:
@@ -96,11 +110,20 @@ def plan_dsv4_sparse_indices(topk_idxs, kv_sequence: int, backend: Dsv4SparseAtt
 def dsv4_sparse_attention(q, kv, sinks, topk_idxs, sm_scale: float, backend: Dsv4SparseAttentionBackend, reference_rounding: bool = False, backward_impl: str = "atomic",
                           backward_workspace_bytes: int = 2 * 1024**3, all_rows_nonempty: bool = False, plan: Optional[SparseIndexPlan] = None):
     """Sparse MQA attention with sinks: ``q [B,S,H,D]``, ``kv [B,K,D]``, ``sinks [H]`` f32,
-    ``topk_idxs [B,S,T]`` (-1 masked; None only with ``plan``) -> ``[B,S,H,D]`` in q's dtype."""
+    ``topk_idxs [B,S,T]`` (-1 masked; None only with ``plan``) -> ``[B,S,H,D]`` in q's dtype.
+
+    With torch tensors and ``backend="torch"``/``"sparse_torch"`` (and no ``plan``) this is
+    the torch composite on the tensors' device, differentiated by torch autograd: its
+    arithmetic is already ``reference_rounding``'s (logits scaled before the maximum,
+    natural ``exp``), and ``backward_impl``, ``backward_workspace_bytes`` and
+    ``all_rows_nonempty`` do not apply to it."""
     if backward_impl not in ("atomic", "deterministic"):
         raise ValueError(f"argument `backward_impl` = {backward_impl!r}, expected 'atomic' or 'deterministic'")
     if topk_idxs is None and plan is None:
         raise ValueError("dsv4_sparse_attention: argument `topk_idxs` is None and no `plan` was given")
+    if plan is None and _torch_composite(backend, q, kv, sinks):
+        _torch_ref.check_attention("dsv4_sparse_attention", q, kv, sinks, topk_idxs)
+        return _torch_ref.sparse_attention(q, kv, sinks, topk_idxs, float(sm_scale))
     if _torch_path(q, kv, sinks):
         out, _ = _dsv4.sparse_attention(q, kv, sinks, None if plan is not None else topk_idxs, float(sm_scale), backend, bool(reference_rounding), bool(all_rows_nonempty),
                                         -1 if plan is None else plan._id, backward_impl, int(backward_workspace_bytes))
@@ -115,14 +138,19 @@ def sparse_attention_torch(q, kv, sinks, topk_idxs, sm_scale: float):
 
 
 def dense_attention_topk_torch(q, kv, sinks, topk_idxs, sm_scale: float):
-    """The dense oracle over the *set* of valid keys (duplicates collapse); forward only."""
+    """The dense oracle over the *set* of valid keys (duplicates collapse), f32 arithmetic,
+    output in q's dtype; differentiable for torch tensors (torch autograd on their device)."""
     if _torch_path(q, kv, sinks):
-        return _dsv4.dense_attention_topk(q, kv, sinks, topk_idxs, float(sm_scale), "torch")
+        _torch_ref.check_attention("dense_attention_topk_torch", q, kv, sinks, topk_idxs)
+        return _torch_ref.dense_attention_topk(q, kv, sinks, topk_idxs, float(sm_scale))
     return ops.dense_attention(q, kv, sinks, topk_idxs, sm_scale, "torch")
 
 
 def dsv4_indexer_scores(q, pooled_kv, weights, compress_ratio: int, softmax_scale: float, backend: Dsv4IndexerBackend, query_start: int = 0, query_total_len: Optional[int] = None):
     """Indexer scores ``[B,S,P]`` f32, ``-inf`` where ``p >= (query_start + s + 1) // compress_ratio``."""
+    if _torch_composite(backend, q, pooled_kv, weights):
+        _torch_ref.check_indexer("dsv4_indexer_scores", q, pooled_kv, weights, compress_ratio, int(query_start), query_total_len)
+        return _torch_ref.indexer_scores(q, pooled_kv, weights, float(softmax_scale), int(compress_ratio), int(query_start))
     if _torch_path(q, pooled_kv, weights):
         return _dsv4.indexer_scores(q, pooled_kv, weights, float(softmax_scale), int(compress_ratio), int(query_start), query_total_len, backend)
     return ops.indexer_scores(q, pooled_kv, weights, softmax_scale, compress_ratio, backend, query_start, query_total_len)
@@ -130,6 +158,9 @@ def dsv4_indexer_scores(q, pooled_kv, weights, compress_ratio: int, softmax_scal
 
 def indexer_scores_torch(q, pooled_kv, weights, softmax_scale: float):
     """FP32 indexer scores ``[B,S,P]`` without the causal mask (as the seeds' torch fallback)."""
+    if _torch_path(q, pooled_kv, weights):
+        _torch_ref.check_indexer("indexer_scores_torch", q, pooled_kv, weights)
+        return _torch_ref.indexer_scores(q, pooled_kv, weights, float(softmax_scale))
     p = pooled_kv.shape[1]
     # compress_ratio 1 with every query placed at or past P sees every pooled key.
     return dsv4_indexer_scores(q, pooled_kv, weights, 1, softmax_scale, "torch", query_start=p)
@@ -137,30 +168,41 @@ def indexer_scores_torch(q, pooled_kv, weights, softmax_scale: float):
 
 def dsv4_indexer_topk_scores(q, pooled_kv, weights, topk_indices, compress_ratio: int, softmax_scale: float, backend: Dsv4IndexerBackend):
     """Scores ``[B,S,T]`` f32 of a selection (``-inf`` where masked or causally hidden); differentiable."""
+    if _torch_composite(backend, q, pooled_kv, weights):
+        _torch_ref.check_indexer("dsv4_indexer_topk_scores", q, pooled_kv, weights, compress_ratio)
+        return _torch_ref.indexer_topk_scores(q, pooled_kv, weights, topk_indices, float(softmax_scale), int(compress_ratio))
     if _torch_path(q, pooled_kv, weights):
         return _dsv4.indexer_topk_scores(q, pooled_kv, weights, topk_indices, float(softmax_scale), int(compress_ratio), 0, None, backend)
     return ops.indexer_topk_scores(q, pooled_kv, weights, topk_indices, softmax_scale, compress_ratio, backend)
 
 
 def extract_indexer_topk_scores_torch(logits, topk_indices):
-    """Top-k score values gathered from ``logits [..., P]``, ``-inf`` at ``-1`` entries."""
+    """Top-k score values gathered from ``logits [..., P]``; ``-inf`` at every index outside
+    ``[0, P)`` (``-1`` and the like), which is never dereferenced."""
     return _gather_scores(logits, topk_indices, -1)
 
 
 def _gather_scores(logits, topk_indices, dim):
+    """``logits`` gathered at ``topk_indices`` along ``dim``, ``-inf`` where an index is not
+    in ``[0, logits.shape[dim])`` (torch tensors or numpy arrays)."""
     if is_torch(logits):
-        valid = topk_indices >= 0
-        got = torch.gather(logits, dim, topk_indices.clamp(min=0).long())
-        return torch.where(valid, got, torch.full_like(got, float("-inf")))
+        return _torch_ref.gather_scores(logits, topk_indices, dim)
     import numpy as np
 
+    logits = np.asarray(logits)
     idx = np.asarray(topk_indices)
-    got = np.take_along_axis(logits, np.maximum(idx, 0).astype(np.int64), axis=dim)
-    return np.where(idx >= 0, got, np.float32(-np.inf)).astype(logits.dtype, copy=False)
+    n = logits.shape[dim]
+    valid = (idx >= 0) & (idx < n)
+    if n == 0:
+        return np.full(idx.shape, -np.inf, dtype=logits.dtype)
+    got = np.take_along_axis(logits, np.where(valid, idx, 0).astype(np.int64), axis=dim)
+    return np.where(valid, got, np.asarray(-np.inf, dtype=logits.dtype)).astype(logits.dtype, copy=False)
 
 
 def dsv4_sinkhorn_normalize(x, backend: Dsv4SinkhornBackend, repeat: int, eps: float):
     """Sinkhorn-normalise ``x [..., n, n]`` f32 (softmax, then column / row rounds)."""
+    if _torch_composite(backend, x):
+        return _torch_ref.sinkhorn(x, int(repeat), float(eps))
     if _torch_path(x):
         return _dsv4.sinkhorn(x, int(repeat), float(eps), backend)
     return ops.sinkhorn_forward(x, repeat, eps, backend)
@@ -190,5 +232,8 @@ def build_dsv4_sparse_topk_indices(batch_size: int, seq_len: int, key_len: int, 
 
 def is_dsv4_kernel_available(name: str) -> bool:
     """Whether this project's GPU kernels for ``name`` (sinkhorn, sparse_attn, indexer,
-    qnorm_rope) can run in this process; no side effects."""
+    qnorm_rope) can run in this process; no side effects. Any other name is a ValueError,
+    as in the seeds."""
+    if name not in _KERNEL_NAMES:
+        raise ValueError(f"Unknown DeepSeek V4 kernel name: {name!r}; expected one of {', '.join(_KERNEL_NAMES)}")
     return bool(_native.is_kernel_available(name))

@@ -184,11 +184,12 @@ def test_empty_row_gives_zero_and_plan_tensors():
 
 def test_kernel_availability_matches_the_machine():
     # The kernels are available exactly when the CUDA driver and a device are: false on a
-    # machine without a GPU (CI), true on the GPU machine; unknown names are always false.
+    # machine without a GPU (CI), true on the GPU machine; an unknown name is a ValueError (as the seeds).
     has_gpu = any(line.startswith("cuda:0:") for line in dk.describe())
     for name in ("sinkhorn", "sparse_attn", "indexer", "qnorm_rope"):
         assert dk.is_dsv4_kernel_available(name) is has_gpu
-    assert dk.is_dsv4_kernel_available("unknown") is False
+    with pytest.raises(ValueError, match="unknown"):
+        dk.is_dsv4_kernel_available("unknown")
 
 
 def test_build_indices_numpy_window():
@@ -196,10 +197,9 @@ def test_build_indices_numpy_window():
     np.testing.assert_array_equal(got[0], [[0, -1], [0, 1], [1, 2], [2, 3]])
 
 
-def test_lightning_indexer_pads_to_topk():
+def test_lightning_indexer_returns_min_topk_p_columns():
     q, kv, w = bf16ish(5, 1, 2, 8), bf16ish(2, 1, 8), RNG.standard_normal((5, 1, 2)).astype(np.float32)
-    scores, idx = dk.v4_lighting_indexer(q, kv, w, 2, 4)
-    assert scores.shape == (1, 5, 4) and idx.shape == (1, 5, 4) and idx.dtype == np.int32
-    assert (idx[..., 2:] == -1).all() and np.isneginf(scores[..., 2:]).all()
+    scores, idx = dk.v4_lighting_indexer(q, kv, w, 2, 4)  # topk 4 > P = 2: min(topk, P) columns, as the seeds' torch.topk
+    assert scores.shape == (1, 5, 2) and idx.shape == (1, 5, 2) and idx.dtype == np.int32
     # query s sees pooled keys p < (s + 1) // 2
     assert (idx[0, 0] == -1).all() and (idx[0, 1, 1:] == -1).all() and idx[0, 1, 0] == 0

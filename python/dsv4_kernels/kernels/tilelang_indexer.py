@@ -2,10 +2,12 @@
 
 ``index_q [S,B,H,D]`` bf16, ``index_k [S_kv,B,D]`` bf16 (the pooled keys), ``weights
 [S,B,H]`` f32 (the softmax and head scales already folded in, so the kernel scale is 1).
-Returns ``(scores [B,S,topk] f32, topk_indices [B,S,topk] int32)``: pooled key ``p`` is
-visible to query ``s`` when ``p < (s + 1) // compress_ratio``; indices are ordered by
-descending score, ``-1`` (score ``-inf``) past a row's visible count. The layout change
-is a view (no copy).
+Returns ``(scores [B,S,k'] f32, topk_indices [B,S,k'] int32)`` with ``k' = min(topk, S_kv)``
+(as the seeds' ``torch.topk`` over the pooled keys): pooled key ``p`` is visible to query
+``s`` when ``p < (s + 1) // compress_ratio``; indices are ordered by descending score,
+``-1`` (score ``-inf``) past a row's visible count. With ``topk_indices`` given, those
+indices come back as given with their scores (``[B,S,T]``, T their width). The layout
+change is a view (no copy).
 """
 
 from __future__ import annotations
@@ -18,24 +20,9 @@ from .._tensors import is_torch, swap01, torch
 _SCALE = 1.0  # the V4 weights carry the softmax scale
 
 
-def _pad(indices, values, topk):
-    """Widen ``[B,S,k']`` results to ``topk`` columns (``k' = min(topk, P)``) with ``-1``/``-inf``."""
-    kk = indices.shape[-1]
-    if kk >= topk:
-        return indices, values
-    b, s = indices.shape[0], indices.shape[1]
-    if is_torch(indices):
-        pad_i = indices.new_full((b, s, topk - kk), -1)
-        pad_v = values.new_full((b, s, topk - kk), float("-inf"))
-        return torch.cat([indices, pad_i], -1), torch.cat([values, pad_v], -1)
-    import numpy as np
-
-    return (np.concatenate([indices, np.full((b, s, topk - kk), -1, indices.dtype)], -1),
-            np.concatenate([values, np.full((b, s, topk - kk), -np.inf, values.dtype)], -1))
-
-
 def pytorch_extract_topk_scores(logits, topk_indices, dim=-1):
-    """Gather ``logits`` at ``topk_indices`` along ``dim``; ``-inf`` where the index is ``-1``."""
+    """Gather ``logits`` at ``topk_indices`` along ``dim``; ``-inf`` wherever the index is
+    outside ``[0, logits.shape[dim])`` (``-1`` and the like)."""
     from ..optimized_kernels import _gather_scores
 
     return _gather_scores(logits, topk_indices, dim)
@@ -54,7 +41,6 @@ if torch is not None:
             q, k, w = swap01(index_q), swap01(index_k), swap01(weights)
             if topk_indices is None:
                 indices, scores = _dsv4.lightning_indexer(q, k, w, _SCALE, int(compress_ratio), 0, None, int(topk), "auto")
-                indices, scores = _pad(indices, scores, int(topk))
             else:
                 indices = topk_indices
                 scores = _dsv4.indexer_topk_scores(q, k, w, indices, _SCALE, int(compress_ratio), 0, None, "auto")
@@ -87,13 +73,13 @@ def _numpy_forward(index_q, index_k, weights, compress_ratio, topk, topk_indices
     q, k, w = swap01(index_q), swap01(index_k), swap01(weights)
     if topk_indices is None:
         indices, scores = ops.lightning_indexer(q, k, w, _SCALE, compress_ratio, topk, "auto")
-        indices, scores = _pad(indices, scores, int(topk))
         return scores, indices
     return ops.indexer_topk_scores(q, k, w, topk_indices, _SCALE, compress_ratio, "auto"), topk_indices
 
 
 def v4_lighting_indexer(index_q, index_k, weights, compress_ratio: int, topk: int, topk_indices=None):
-    """Main entry point of the V4 indexer: ``(scores [B,S,topk] f32, indices [B,S,topk] int32)``."""
+    """Main entry point of the V4 indexer: ``(scores [B,S,k'] f32, indices [B,S,k'] int32)``,
+    ``k' = min(topk, S_kv)`` (``[B,S,T]`` with ``topk_indices [B,S,T]`` given)."""
     if is_torch(index_q):
         return V4IndexerFunction.apply(index_q, index_k, weights, compress_ratio, topk, topk_indices)
     return _numpy_forward(index_q, index_k, weights, compress_ratio, topk, topk_indices)
