@@ -259,7 +259,6 @@ def test_optimizer_steps_track(ratio):
     ref_layer = make_attention(cfg, "cuda", torch.bfloat16)
     our_layer = copy.deepcopy(ref_layer)
     x, call = make_inputs(cfg, 1, GPU_SEQ, False, "cuda", torch.bfloat16)
-    target = torch.randn(x.shape, generator=torch.Generator(device="cpu").manual_seed(5)).to("cuda", torch.bfloat16)
     losses = {}
     for name, layer in (("seeds", ref_layer), ("ours", our_layer)):
         opt = torch.optim.AdamW([p for p in layer.parameters() if p.requires_grad], lr=1e-3)
@@ -268,7 +267,7 @@ def test_optimizer_steps_track(ratio):
             for _ in range(5):
                 opt.zero_grad(set_to_none=True)
                 out, _ = layer(x, **call)
-                loss = (out.float() - target.float()).square().mean()
+                loss = out.float().square().mean()  # the layer learns to shrink its output
                 loss.backward()
                 opt.step()
                 track.append(loss.item())
@@ -306,12 +305,13 @@ def test_fused_indexer_selects_the_seeds_set():
     # The original leaves arbitrary masked positions past the visible count (the compressor
     # turns them into -1); ours gives -1 there.
     assert (got[slot.expand_as(got) >= visible] == -1).all()
-    big = torch.iinfo(torch.int64).max
-    got_set = torch.where(got >= 0, got, big).sort(-1).values
-    want_set = torch.where(slot < visible, want, big).sort(-1).values
-    agree = (got_set == want_set).float().mean().item()
-    print(f"fused indexer: {agree:.5f} of the selected slots agree")
-    assert agree > 0.999, agree
+    p = seq // 4  # pooled keys
+    chosen = torch.zeros(1, seq, p + 1, dtype=torch.bool, device="cuda")  # + a sentinel column
+    chosen.scatter_(-1, torch.where(slot < visible, want, p), True)
+    hits = torch.gather(chosen, -1, torch.where(got >= 0, got, p)) & (got >= 0)
+    agree = hits.sum().item() / (got >= 0).sum().item()
+    print(f"fused indexer: {agree:.6f} of our selected keys are in the seeds' selection")
+    assert (got >= 0).sum() == (slot < visible).sum() and agree > 0.999, agree
 
 
 @cuda
