@@ -90,7 +90,7 @@ def test_sparse_attention_plan_and_reference_agree():
     assert plan.backend == "cuda"
     a = dk.dsv4_sparse_attention(q, kv, sinks, idx, scale, "cuda")
     b = dk.dsv4_sparse_attention(q, kv, sinks, None, scale, "cuda", plan=plan)
-    c = dk.dsv4_sparse_attention(q, kv, sinks, idx, scale, "torch")  # the CPU reference, copied back
+    c = dk.dsv4_sparse_attention(q, kv, sinks, idx, scale, "torch")  # the torch composite, on the GPU
     d = dk.dsv4_sparse_attention(q, kv, sinks, idx, scale, "auto")
     assert c.device.type == "cuda"
     for x in (b, c, d):
