@@ -13,16 +13,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 import dsv4_kernels as dk  # noqa: E402
 from dsv4_kernels import ops  # noqa: E402
 
-from torch_refs import indexer_topk_scores_ref, qnorm_rope_ref, sinkhorn_ref, sparse_attention_ref  # noqa: E402
+from torch_refs import indexer_topk_scores_ref, qnorm_rope_ref, rel, sinkhorn_ref, sparse_attention_ref  # noqa: E402
 
 DEV = "cuda"
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    fin = torch.isfinite(b)
-    assert torch.equal(torch.isfinite(a), fin), "-inf/NaN placement differs"
-    return ((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30)).item()
 
 
 def make_topk(b, s, p, t_c, window):

@@ -16,15 +16,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 import dsv4_kernels as dk  # noqa: E402
+from torch_refs import rel  # noqa: E402
 
 DEV = "cuda"
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    fin = torch.isfinite(b)
-    assert torch.equal(torch.isfinite(a), fin), "-inf/NaN placement differs"
-    return ((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30)).item()
 
 
 def graphed(step, inputs):

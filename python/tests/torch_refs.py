@@ -52,3 +52,11 @@ def qnorm_rope_ref(x, cos, sin, rd, eps):
     c, s = cos[..., :half].float().unsqueeze(1), sin[..., :half].float().unsqueeze(1)
     rot = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2).to(y.dtype)
     return torch.cat([y[..., :-rd], rot], -1)
+
+
+def rel(a, b):
+    """||a - b|| / ||b|| over b's finite entries, after checking that -inf/NaN sit where b's do."""
+    a, b = a.double(), b.double()
+    fin = torch.isfinite(b)
+    assert torch.equal(torch.isfinite(a), fin), "-inf/NaN placement differs"
+    return ((a[fin] - b[fin]).norm() / b[fin].norm().clamp_min(1e-30)).item()
