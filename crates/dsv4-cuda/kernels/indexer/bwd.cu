@@ -40,7 +40,7 @@ static_assert(NTHREADS % 32 == 0 && NTHREADS <= 1024, "bad CTA size");
 
 }  // namespace
 
-// Shared memory (f32 words unless noted), mirrored by `bwd_smem_bytes` in src/indexer.rs,
+// Shared memory (f32 words unless noted), mirrored by `bwd_smem_bytes` in src/indexer/config.rs,
 // with HG = max(1, min(H, NTHREADS / D)) head groups:
 //   sq [H*D] | sdq [H*D] | skv [NS*D] | scoef [NS*H] | sdwp [NS*H] | spart [HG*NS*D] |
 //   sw [H] | sdw [H] | sg [NS] | skey [NS] (i32)

@@ -81,7 +81,7 @@ static_assert(DPAD <= 128, "dq and dkv accumulators live in registers: D <= 128"
 static_assert(NTH % 2 == 0 && NTN % NTH == 0, "halves of whole 16-slot k-steps of dq");
 static_assert(DCHUNK % 2 == 0 && NDT % DCHUNK == 0, "dkv chunks of whole ldmatrix.x4 pairs");
 
-// Shared memory (bytes), mirrored by `bwd_mma_smem_bytes` in src/indexer.rs:
+// Shared memory (bytes), mirrored by `bwd_mma_smem_bytes` in src/indexer/config.rs:
 //   sq [HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sG [HPAD][LDG] bf16 | sw [HPAD] f32 |
 //   sg [2][BN] f32 | skey [2][BN] i32 | (deterministic only) sdkv [BN][LDF] f32
 constexpr int SMEM_BASE = (HPAD * LDS + 2 * BN * LDS + HPAD * LDG) * 2 + HPAD * 4 + 2 * BN * 4 + 2 * BN * 4;

@@ -58,7 +58,7 @@
 // one CTA per SM): per consumer
 // q [2][DG][64][128 B] | kv ring [NST][DG][64][128 B] | G^T [2][64][128 B], then the slot
 // tables key [2][NST][64] i32, g*scale [2][NST][64] f32, and the mbarriers. Mirrored by
-// `bwd_sm90_smem_bytes` in src/indexer.rs.
+// `bwd_sm90_smem_bytes` in src/indexer/config.rs.
 //
 // Shapes: IDX_H heads <= 64 (the wgmma M; q rows past H are zero), IDX_D head dim <= 128,
 // a multiple of 8 (one or two SW128 groups, zero columns past D; dkv reductions of 4
@@ -133,7 +133,7 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= NTHREADS * 168, "regi
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kIdx90BwdSmemBytes = BYTES + 1024;
 static_assert(kIdx90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(D != 128 || kIdx90BwdSmemBytes == 200912, "mirrored by bwd_sm90_smem_bytes in src/indexer.rs");
+static_assert(D != 128 || kIdx90BwdSmemBytes == 200912, "mirrored by bwd_sm90_smem_bytes in src/indexer/config.rs");
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Parameter structs of the lightning-indexer kernels (SPEC.md sections 2 and 3).
 // Each is passed by value as the single kernel argument and mirrored field by field by a
-// #[repr(C)] struct in src/indexer.rs; the sizes are asserted on both sides.
+// #[repr(C)] struct in src/indexer/params.rs; the sizes are asserted on both sides.
 // Strides are in elements. 8-byte fields come first so neither side pads.
 #pragma once
 

@@ -25,7 +25,7 @@
 //
 // Compile-time shape: IDX_H heads, IDX_D head dim (any; rows are padded to 16), IDX_BQ
 // queries per CTA, IDX_BN keys per tile, IDX_NT 8-key n-tiles per warp. The host
-// (`src/indexer.rs`, `ScoresTiles`) chooses them and mirrors the shared-memory size.
+// (`src/indexer/config.rs`, `ScoresTiles`) chooses them and mirrors the shared-memory size.
 // dsv4-test-defines: IDX_GATHER=1 IDX_BN=128
 // dsv4-test-defines: IDX_GATHER=1 IDX_NT=2
 // dsv4-test-defines: IDX_FUSED=1
@@ -88,7 +88,7 @@ static_assert(NTHREADS >= 32 && NTHREADS <= 1024, "bad CTA size");
 static_assert((LDS * 2) % 16 == 0, "shared rows must stay 16-byte aligned");
 static_assert(!GATHER || NTHREADS >= BN, "gather: one thread per slot fetches the keys");
 
-// Shared memory (bytes), mirrored by `ScoresTiles::smem_bytes` in src/indexer.rs:
+// Shared memory (bytes), mirrored by `ScoresTiles::smem_bytes` in src/indexer/config.rs:
 //   sq  [BQ*HPAD][LDS] bf16 | skv [2][BN][LDS] bf16 | sw [BQ*HPAD] f32 | sval [2][BN] i32 (gather: keys, -1 = masked)
 // and, fused only (sized at run time):
 //   SelectSmem (2304) | sort [sort_cap] u64 | srow [BQ][P] f32

@@ -63,7 +63,7 @@
 // The gather mode (indexer_topk_scores) stays on scores.cu.
 //
 // Compile-time shape: IDX_H heads (<= 64), IDX_D head dim (<= 128; rows are zero-padded
-// to a group of 64 and the k loop stops at round_up(D, 16)). The host (src/indexer.rs,
+// to a group of 64 and the k loop stops at round_up(D, 16)). The host (src/indexer/config.rs,
 // `Sm90Tiles`) mirrors the shared-memory size.
 #include "indexer/params.cuh"
 #include "indexer/mma.cuh"
@@ -157,7 +157,7 @@ constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
 // wrote), each completing its bytes on full. It never waits for its own copies, only for
 // free stages: all ST stages can be in flight. The consumers are unchanged (TMA writes
 // through the async proxy that wgmma reads, ordered by the barrier: no proxy fence).
-// The tensor map is kv as a [B][P][D] bf16 tensor (src/indexer.rs, `sm90_kv_tensor_map`):
+// The tensor map is kv as a [B][P][D] bf16 tensor (src/indexer/scores.rs, `sm90_kv_tensor_map`):
 // columns >= D and rows >= P of a box are zero-filled (the tail of the last group, read
 // by the k loop up to round_up(D, 16), and the part of the last tile past P) and still
 // count in the transaction bytes, so every stage expects the whole SKV_STAGE. Rows in
@@ -190,7 +190,7 @@ constexpr int BAR_PP_DONE = 3, BAR_PP_ISSUED = 4;          // named barriers (1,
 constexpr bool TMA = IDX90_TMA != 0 && NWG == 2;           // the key ring by TMA (see IDX90_TMA)
 
 // Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
-// in src/indexer.rs (which adds 1024 for the alignment of the base):
+// in src/indexer/config.rs (which adds 1024 for the alignment of the base):
 //   sq [NWG][DG][NROWS][128 B] | skv [ST][DG][BM][128 B] | sw [NWG][NROWS] f32 |
 //   full[ST], empty[ST] u64 (BAR_BYTES: 64, 128 for more than 4 stages)
 // and, fused only: SelectSmem (2304) | sort [sort_cap] u64. The fused selection's key

@@ -16,7 +16,7 @@
 #define TOPK_THREADS 128
 #endif
 
-// Shared memory (bytes), mirrored by `topk_smem_bytes` in src/indexer.rs:
+// Shared memory (bytes), mirrored by `topk_smem_bytes` in src/indexer/config.rs:
 //   SelectSmem (2304) | sort [sort_cap] u64 (sort_cap >= 2: the cache stays 16-byte
 //   aligned) | cache [round_up(P, 4)] u32 (when cache_row; zero past the row's prefix)
 // Two CTAs per SM (the host keeps a CTA under 96 KiB of shared memory): up to 64

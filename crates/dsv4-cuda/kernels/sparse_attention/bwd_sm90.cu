@@ -218,7 +218,7 @@ static_assert(kBN == sa90::kBN && kGroupBytes == sa90::kGroupBytes && kBlockByte
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90BwdSmemBytes = kBytes + 1024;
 static_assert(kSa90BwdSmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention.rs");
+static_assert(kSa90BwdSmemBytes == 227144, "mirrored by SA90_BWD_SMEM_BYTES in src/sparse_attention/backward.rs");
 
 // Four 8x8 bf16 matrices from the mma fragment layout (register i: matrix i, thread t
 // holds row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1) stored transposed: fragment

@@ -187,7 +187,7 @@ static_assert(kGroupBytes == sa90::kTileGroupBytes, "Q tiles as gather_sm90.cuh 
 // Dynamic shared memory the launcher passes: the layout plus alignment slack.
 constexpr int kSa90SmemBytes = kBytes + 1024;
 static_assert(kSa90SmemBytes <= 232448, "fits the opt-in shared memory of an H100/H200");
-static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention.rs");
+static_assert(kSa90SmemBytes == 219736, "mirrored by SA90_FWD_SMEM_BYTES in src/sparse_attention/forward.rs");
 
 // What a consumer needs from the kernel's preamble.
 struct ConsumerCtx {

@@ -1,6 +1,6 @@
 // Parameter structs of the sparse-attention kernels (SPEC.md sections 1 and 6). Each is
 // passed by value as the single kernel argument and mirrored field by field by a
-// #[repr(C)] struct in src/sparse_attention.rs; the sizes are asserted on both sides.
+// #[repr(C)] struct in src/sparse_attention/params.rs; the sizes are asserted on both sides.
 // Strides are in elements. 8-byte fields come first so neither side pads.
 //
 // Index conventions shared by every kernel: a slot of row (b, s) holds `idx - b*idx_bias`

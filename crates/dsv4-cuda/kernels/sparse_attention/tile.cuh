@@ -1,6 +1,6 @@
 // Tensor-core and copy primitives of the sparse-attention kernels (sm_80+), the slot
 // decoding every kernel shares, and the shared-memory layouts (mirrored by
-// `fwd_smem_bytes` / `bwd_smem_bytes` in src/sparse_attention.rs).
+// `fwd_smem_bytes` / `bwd_smem_bytes` in src/sparse_attention/tiles.rs).
 //
 // Fragment layouts of mma.m16n8k16 (PTX ISA), g = lane / 4, c = lane % 4:
 //   A (16x16, row-major):      a0 = A[g][2c..2c+1]  a1 = A[g+8][2c..]  a2 = A[g][2c+8..]  a3 = A[g+8][2c+8..]
