@@ -4,6 +4,7 @@
 #   .dev/gpu/tests/<test name>   every test executable of dsv4-cuda (release, stripped)
 #   .dev/gpu/dsv4                the CLI
 #   .dev/gpu/golden/*.safetensors
+#   .dev/gpu/repro/*.xz          the shared reproducers
 #   .dev/gpu/nvrtc.tar.xz        only with DSV4_STAGE_NVRTC=1: libnvrtc + CUDA headers
 #                                (pip wheels) for a GPU machine without a CUDA toolkit
 set -euo pipefail
@@ -41,6 +42,11 @@ strip --strip-debug "$out/dsv4" 2>/dev/null || true
 
 cp "$shared"/golden/*.safetensors "$out/golden/"
 echo "staged $(ls "$out/golden" | wc -l) golden files from $shared/golden"
+# The reproducers the GPU tests replay (python/tests/test_gpu_indices.py reads
+# $DSV4_SHARED_DIR/repro, which gpu-round.sh points at .dev/gpu).
+if [ -d "$shared/repro" ]; then
+  mkdir -p "$out/repro" && cp "$shared"/repro/*.xz "$out/repro/" 2>/dev/null || true
+fi
 
 if [ "${DSV4_STAGE_NVRTC:-0}" = 1 ]; then
   site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
