@@ -193,6 +193,9 @@ fn run_case(rng: &mut Rng, c: &Case, reference_rounding: bool, plan: bool) -> Ve
 /// The deterministic backward from the GPU forward's `out` and `lse`, for each workspace
 /// size: judged against the reference on the first run, then bitwise equal to that run on
 /// every rerun.
+/// The bits of dq, dkv and dsinks.
+type GradBits = (Vec<u64>, Vec<u64>, Vec<u64>);
+
 fn deterministic_reruns(c: &Case, x: &Inputs, da: &SparseAttentionArgs, out: &Tensor, lse: &Tensor, workspaces: &[usize], runs: usize) -> Vec<Judgement> {
     let bits = |t: &Tensor| t.to_f64_vec().unwrap().into_iter().map(f64::to_bits).collect::<Vec<_>>();
     let out_h = Tensor::from_f32(out.shape(), out.to_f32_vec().unwrap()).unwrap();
@@ -200,6 +203,9 @@ fn deterministic_reruns(c: &Case, x: &Inputs, da: &SparseAttentionArgs, out: &Te
     let hb = SparseAttentionBwdArgs::new(host_args(x, false), out_h.view(), lse_h.view(), x.dout.host.view());
     let (rdq, rdkv, rds) = sparse_attention_backward(BackendName::Reference, &hb).unwrap();
     let mut js = Vec::new();
+    // The bits of the first workspace's run: every workspace (every split into waves, an
+    // index for all rows or one per wave) must give them.
+    let mut across: Option<(usize, GradBits)> = None;
     for &ws in workspaces {
         let mut first = None;
         for run in 0..runs {
@@ -214,6 +220,10 @@ fn deterministic_reruns(c: &Case, x: &Inputs, da: &SparseAttentionArgs, out: &Te
                     js.push(jt(&format!("{name}: dq"), &dq, &rdq, Tolerance::Bf16));
                     js.push(jt(&format!("{name}: dkv"), &dkv, &rdkv, Tolerance::F32Grad));
                     js.push(jt(&format!("{name}: dsinks"), &ds, &rds, Tolerance::F32Grad));
+                    match &across {
+                        None => across = Some((ws, now.clone())),
+                        Some((ws0, bits0)) => assert!(bits0 == &now, "{}: workspace {ws} gives other bits than workspace {ws0}", c.name()),
+                    }
                     first = Some(now);
                 }
                 Some(f) => assert!(f == &now, "{}: workspace {ws}: run {run} differs from run 0", c.name()),
