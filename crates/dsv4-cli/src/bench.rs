@@ -1,8 +1,14 @@
-//! `dsv4 bench`: GPU timings of the `cuda` backend at the shapes of the performance
-//! issues, with CUDA events around each call (L2 flushed between calls by a 256 MiB
-//! memset outside the timed region), the median of `--iters` runs after warm-up, and
-//! FLOPs or bytes counted honestly (valid slots only, causal halves) against the measured
-//! H200 ceilings: 752 TFLOP/s bf16 GEMM, 4.24 TB/s device copy.
+//! `dsv4 bench`: GPU timings of the `cuda` backend through the public op API at the shapes
+//! of the performance issues. Each row has three figures:
+//! - `ms` (cool): CUDA events around each call after an idle `--cooldown-ms`, L2 flushed
+//!   between calls by a 256 MiB memset outside the timed region, the median of `--iters`;
+//! - `sustained`: events around `--iters` calls queued back to back (no idle, no flush), per
+//!   call: what a training step that keeps the GPU busy sees;
+//! - `host us`: the wall time of queueing those calls, per call: what a call costs the CPU
+//!   (near `sustained`, the call waits for the device).
+//!
+//! FLOPs or bytes are counted honestly (valid slots only, causal halves) against the
+//! measured H200 ceilings: 752 TFLOP/s bf16 GEMM, 4.24 TB/s device copy.
 
 use cudarc::driver::{result as cu, sys};
 use dsv4_core::backend::BackendName;
@@ -27,6 +33,9 @@ struct Entry {
     op: String,
     shape: String,
     ms: f64,
+    /// Per call over a back-to-back queue: GPU milliseconds and host microseconds.
+    sustained_ms: f64,
+    host_us: f64,
     /// (value, unit, % of ceiling)
     rate: Option<(f64, &'static str, f64)>,
     note: String,
@@ -41,6 +50,8 @@ struct Bench {
     end: sys::CUevent,
     /// Idle time before each row's warm-up, so every row starts from the same power state.
     cooldown: std::time::Duration,
+    /// The last `time`'s sustained GPU ms and host us per call, for the entry it produces.
+    last: std::cell::Cell<(f64, f64)>,
 }
 
 fn drv(e: cudarc::driver::DriverError) -> Error {
@@ -55,7 +66,7 @@ impl Bench {
         gpu.synchronize()?;
         let start = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv)?;
         let end = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv)?;
-        Ok(Bench { gpu, iters, flush, entries: Vec::new(), start, end, cooldown: std::time::Duration::from_millis(cooldown_ms) })
+        Ok(Bench { gpu, iters, flush, entries: Vec::new(), start, end, cooldown: std::time::Duration::from_millis(cooldown_ms), last: std::cell::Cell::new((f64::NAN, f64::NAN)) })
     }
 
     /// Median milliseconds of `f` over `iters` timed runs after an idle `cooldown` and 3
@@ -84,17 +95,35 @@ impl Bench {
             }
         }
         times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        // Sustained: the same calls queued back to back, events around the queue; the host
+        // clock around the queueing alone.
+        self.gpu.synchronize()?;
+        // SAFETY: as above.
+        let (sustained, host) = unsafe {
+            cu::event::record(self.start, stream).map_err(drv)?;
+            let t0 = std::time::Instant::now();
+            for _ in 0..self.iters {
+                f()?;
+            }
+            let host = t0.elapsed().as_secs_f64() * 1e6 / self.iters as f64;
+            cu::event::record(self.end, stream).map_err(drv)?;
+            cu::event::synchronize(self.end).map_err(drv)?;
+            (cu::event::elapsed(self.start, self.end).map_err(drv)? as f64 / self.iters as f64, host)
+        };
+        self.last.set((sustained, host));
         Ok(times[times.len() / 2])
     }
 
     fn flops(&mut self, op: &str, shape: &str, ms: f64, flops: f64, note: &str) {
         let tf = flops / (ms * 1e-3) / 1e12;
-        self.entries.push(Entry { op: op.into(), shape: shape.into(), ms, rate: Some((tf, "TFLOP/s", 100.0 * tf / GEMM_TFLOPS)), note: note.into() });
+        let (sustained_ms, host_us) = self.last.replace((f64::NAN, f64::NAN));
+        self.entries.push(Entry { op: op.into(), shape: shape.into(), ms, sustained_ms, host_us, rate: Some((tf, "TFLOP/s", 100.0 * tf / GEMM_TFLOPS)), note: note.into() });
     }
 
     fn bytes(&mut self, op: &str, shape: &str, ms: f64, bytes: f64, note: &str) {
         let gb = bytes / (ms * 1e-3) / 1e9;
-        self.entries.push(Entry { op: op.into(), shape: shape.into(), ms, rate: Some((gb, "GB/s", 100.0 * gb / COPY_GBPS)), note: note.into() });
+        let (sustained_ms, host_us) = self.last.replace((f64::NAN, f64::NAN));
+        self.entries.push(Entry { op: op.into(), shape: shape.into(), ms, sustained_ms, host_us, rate: Some((gb, "GB/s", 100.0 * gb / COPY_GBPS)), note: note.into() });
     }
 }
 
@@ -247,20 +276,6 @@ fn bench_indexer(bn: &mut Bench, rng: &mut Rng, s: usize, topk_scores_only: bool
         bn.flops("indexer scores", &shape, ms, flops, "materialised [B,S,P]");
         let ms = bn.time(|| indexer::lightning_indexer(CUDA, &a, k).map(|_| ()))?;
         bn.flops("indexer scores+top-k", &shape, ms, flops, "the default path (lightning_indexer)");
-        let mut sel_idx = bn.gpu.alloc(DType::I32, &[b, s, k])?;
-        let mut sel_val = bn.gpu.alloc(DType::F32, &[b, s, k])?;
-        // The fused Hopper kernel (scores and selection in one launch; not the default on
-        // Hopper since the chunked path below measured faster).
-        if dsv4_cuda::indexer::hopper_scores_supported(bn.gpu, h, d) {
-            let ms = bn.time(|| dsv4_cuda::indexer::fused_topk_with(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), dsv4_cuda::indexer::ScoresPath::Hopper))?;
-            bn.flops("indexer scores+top-k fused sm90", &shape, ms, flops, "one launch, rows of scores in L2");
-        }
-        // The bounded-scratch path (dense scores of a block of queries, then topk.cu): one
-        // scratch for all rows (the Hopper default), and an L2-sized one (32 MiB).
-        for (scratch, label) in [(dsv4_cuda::indexer::FUSED_SCRATCH_BYTES, "indexer scores+top-k chunked 256M"), (32 << 20, "indexer scores+top-k chunked 32M")] {
-            let ms = bn.time(|| dsv4_cuda::indexer::chunked_topk(bn.gpu, &a, k, &mut sel_idx.view_mut(), &mut sel_val.view_mut(), scratch))?;
-            bn.flops(label, &shape, ms, flops, "scores then topk.cu, block after block");
-        }
     }
     let sel = st.put(&random_selection(rng, b, s, p, r, k), &[b, s, k], DType::I32)?;
     let g = st.put(&rng.vec(b * s * k, -1.0f32, 1.0), &[b, s, k], DType::F32)?;
@@ -303,6 +318,8 @@ fn bench_indexer_memory(bn: &mut Bench, rng: &mut Rng) -> Result<()> {
         op: "indexer memory".into(),
         shape: format!("B={b} S={s} H={h} D={d} P={p} k={k}"),
         ms,
+        sustained_ms: f64::NAN,
+        host_us: f64::NAN,
         rate: None,
         note: format!("peak beyond inputs+outputs: {:.1} MiB (outputs {:.0} MiB; one cold call, host-timed)", beyond / 1048576.0, outputs / 1048576.0),
     });
@@ -363,7 +380,7 @@ fn print(entries: &[Entry], json: bool) {
             .iter()
             .map(|e| {
                 serde_json::json!({
-                    "op": e.op, "shape": e.shape, "ms": e.ms,
+                    "op": e.op, "shape": e.shape, "ms": e.ms, "sustained_ms": e.sustained_ms, "host_us": e.host_us,
                     "rate": e.rate.map(|r| r.0), "unit": e.rate.map(|r| r.1), "pct_of_ceiling": e.rate.map(|r| r.2), "note": e.note,
                 })
             })
@@ -371,13 +388,13 @@ fn print(entries: &[Entry], json: bool) {
         println!("{}", serde_json::to_string_pretty(&rows).unwrap());
         return;
     }
-    println!("{:<42} {:<44} {:>9} {:>16} {:>7}  note", "operation", "shape", "ms", "rate", "% ceil");
+    println!("{:<42} {:<44} {:>9} {:>9} {:>8} {:>16} {:>7}  note", "operation", "shape", "ms", "sustained", "host us", "rate", "% ceil");
     for e in entries {
         let (rate, pct) = match e.rate {
             Some((v, unit, pct)) => (format!("{v:.1} {unit}"), format!("{pct:.1}")),
             None => ("-".into(), "-".into()),
         };
-        println!("{:<42} {:<44} {:>9.4} {:>16} {:>7}  {}", e.op, e.shape, e.ms, rate, pct, e.note);
+        println!("{:<42} {:<44} {:>9.4} {:>9.4} {:>8.1} {:>16} {:>7}  {}", e.op, e.shape, e.ms, e.sustained_ms, e.host_us, rate, pct, e.note);
     }
 }
 
