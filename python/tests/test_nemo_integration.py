@@ -96,8 +96,8 @@ def test_apply_options_are_checked_before_patching():
     before = _snapshot()
     with pytest.raises(ValueError, match="backward_impl"):
         apply_dsv4_kernels_to_nemo(backward_impl="fast")
-    with pytest.raises(NotImplementedError, match="qnorm_rope"):
-        apply_dsv4_kernels_to_nemo(qnorm_rope=True)
+    with pytest.raises(TypeError, match="qnorm_rope"):
+        apply_dsv4_kernels_to_nemo(qnorm_rope=True)  # not offered (see the module documentation)
     assert _snapshot() == before
 
 

@@ -28,9 +28,9 @@ is the code their forward calls, so models built before or after ``apply`` are b
 patched (only ``DeepseekV4HyperConnection.sinkhorn_backend`` is fixed at construction, and
 the rebound Sinkhorn ignores it).
 
-``qnorm_rope=True`` is not implemented yet: NeMo 0.7.0 applies the Q RMSNorm and RoPE
+The fused Q RMSNorm + RoPE (``qnorm_rope``) is not offered: NeMo 0.7.0 applies them
 inline in ``DeepseekV4Attention.forward`` through helpers it shares with the KV, the
-indexer and the output's inverse RoPE, so fusing it means replacing that forward.
+indexer and the output's inverse RoPE, so fusing them means replacing that forward.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ _active: Optional["NemoKernelPatch"] = None
 @dataclass(frozen=True)
 class NemoPatchOptions:
     fused_indexer: bool
-    qnorm_rope: bool
     backward_impl: str
 
 
@@ -250,22 +249,20 @@ def _optional(name: str, skipped: dict):
         return None
 
 
-def apply_dsv4_kernels_to_nemo(*, fused_indexer: bool = True, qnorm_rope: bool = False, backward_impl: str = "atomic") -> NemoKernelPatch:
+def apply_dsv4_kernels_to_nemo(*, fused_indexer: bool = True, backward_impl: str = "atomic") -> NemoKernelPatch:
     """Make NeMo AutoModel's DeepSeek-V4 (and V4.1) layers call this project's kernels
     (see the module documentation for what is rebound). Returns the undo handle.
 
     ``fused_indexer``: the indexer's scores + top-k as one fused kernel call;
     ``backward_impl``: the sparse attention backward, ``"atomic"`` or ``"deterministic"``
-    (bitwise repeatable); ``qnorm_rope``: not implemented yet (NotImplementedError).
+    (bitwise repeatable).
     Raises ImportError when torch or NeMo AutoModel cannot be imported."""
     global _active
     if backward_impl not in ("atomic", "deterministic"):
         raise ValueError(f"argument `backward_impl` = {backward_impl!r}, expected 'atomic' or 'deterministic'")
-    if qnorm_rope:
-        raise NotImplementedError("apply_dsv4_kernels_to_nemo: qnorm_rope=True is not implemented yet (NeMo 0.7.0 applies Q RMSNorm + RoPE inline in DeepseekV4Attention.forward)")
     if torch is None:
         raise ImportError("apply_dsv4_kernels_to_nemo needs torch")
-    options = NemoPatchOptions(bool(fused_indexer), bool(qnorm_rope), backward_impl)
+    options = NemoPatchOptions(bool(fused_indexer), backward_impl)
     layers = _import_nemo(_V4_LAYERS)
     skipped: dict = {}
     functions = _make_functions(options)
