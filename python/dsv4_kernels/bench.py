@@ -62,6 +62,9 @@ def timed(fn, iters, cooldown_ms):
 
 
 def selection(b, s, p, t_c, window, ratio=4, seed=0):
+    """``(compressed_topk [B,S,min(t_c,P)], indices [B,S,window+min(t_c,P)] i32)`` the way
+    NeMo's DeepseekV4Attention builds them: random indexer scores with the causal -inf,
+    ``torch.topk``, -1 past each row's visible count, then the index builder."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
     scores = torch.rand(b, s, p, device=DEV, generator=gen)
     valid_end = ((torch.arange(s, device=DEV) + 1) // ratio).view(1, s, 1)

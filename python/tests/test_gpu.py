@@ -12,6 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 import dsv4_kernels as dk  # noqa: E402
 from dsv4_kernels import ops  # noqa: E402
+from dsv4_kernels.bench import selection  # noqa: E402
 
 from torch_refs import indexer_topk_scores_ref, qnorm_rope_ref, rel, sinkhorn_ref, sparse_attention_ref  # noqa: E402
 
@@ -20,14 +21,7 @@ DEV = "cuda"
 
 def make_topk(b, s, p, t_c, window):
     """The anchors' selection: random causal indexer top-k, then window + compressed slots."""
-    g = torch.Generator(device=DEV).manual_seed(0)
-    scores = torch.rand(b, s, p, generator=g, device=DEV)
-    valid_end = ((torch.arange(s, device=DEV) + 1) // 4).view(1, s, 1)
-    scores = scores.masked_fill(torch.arange(p, device=DEV).view(1, 1, p) >= valid_end, float("-inf"))
-    tk = scores.topk(min(t_c, p), dim=-1)
-    ci = tk.indices.masked_fill(tk.values == float("-inf"), -1)
-    idx = dk.build_dsv4_sparse_topk_indices(batch_size=b, seq_len=s, key_len=s + p, window_size=window, device=DEV, compress_ratio=4, compressed_topk=ci, n_pooled=p,
-                                            vanilla_key_len=s)
+    _, idx = selection(b, s, p, t_c, window)
     assert idx.dtype == torch.int32 and idx.device.type == "cuda" and idx.shape == (b, s, window + min(t_c, p))
     return idx
 

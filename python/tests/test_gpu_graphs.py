@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 import dsv4_kernels as dk  # noqa: E402
+from dsv4_kernels.bench import selection  # noqa: E402
 from torch_refs import rel  # noqa: E402
 
 DEV = "cuda"
@@ -71,12 +72,7 @@ def attention_case(s=512, h=64, d=512):
     q = (torch.randn(1, s, h, d, device=DEV, generator=gen) * 0.5).bfloat16().requires_grad_(True)
     kv = (torch.randn(1, s + p, d, device=DEV, generator=gen) * 0.5).bfloat16().requires_grad_(True)
     sinks = torch.randn(h, device=DEV, generator=gen).requires_grad_(True)
-    scores = torch.rand(1, s, p, device=DEV, generator=gen)
-    valid_end = ((torch.arange(s, device=DEV) + 1) // 4).view(1, s, 1)
-    scores = scores.masked_fill(torch.arange(p, device=DEV).view(1, 1, p) >= valid_end, float("-inf"))
-    top = scores.topk(min(512, p), dim=-1)
-    ct = torch.where(top.indices >= valid_end, -1, top.indices)
-    idx = dk.build_dsv4_sparse_topk_indices(batch_size=1, seq_len=s, key_len=s + p, window_size=128, device=DEV, compress_ratio=4, compressed_topk=ct, n_pooled=p)
+    _, idx = selection(1, s, p, 512, 128, seed=1)
     return q, kv, sinks, idx
 
 

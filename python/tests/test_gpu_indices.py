@@ -28,6 +28,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 import dsv4_kernels as dk  # noqa: E402
+from dsv4_kernels.bench import selection  # noqa: E402
+from torch_refs import rel  # noqa: E402  (also: NaN or inf where the reference is finite fails)
 
 DEV = "cuda"
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +39,6 @@ H, D, WINDOW, TOPK, RATIO = 64, 512, 128, 512, 4
 def repro_path() -> Path:
     shared = Path(os.environ["DSV4_SHARED_DIR"]) if os.environ.get("DSV4_SHARED_DIR") else REPO.parent / "shared"
     return shared / "repro" / "sa_bwd_crash_idx.npy.xz"
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    assert not torch.isnan(a).any(), "NaN in the result"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def reference(q, kv, sinks, idx, scale, dout, rows=512):
@@ -127,20 +123,13 @@ def test_shared_reproducer(kernels, impl):
 
 def nemo_like_indices(s, seed):
     """Window + indexer top-k over the pooled keys as DeepseekV4Attention builds them
-    (random scores, causal -inf, torch.topk, -1 past the visible count, then
-    build_dsv4_sparse_topk_indices), then damaged the ways a real selection can be:
+    (``dsv4_kernels.bench.selection``), then damaged the ways a real selection can be:
     rows emptied at random positions, rows with only their window, masked slots
     sprinkled into the compressed part."""
     p = s // RATIO
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    scores = torch.rand(1, s, p, device=DEV, generator=gen)
-    valid_end = ((torch.arange(s, device=DEV) + 1) // RATIO).view(1, s, 1)
-    scores = scores.masked_fill(torch.arange(p, device=DEV).view(1, 1, p) >= valid_end, float("-inf"))
-    top = scores.topk(min(TOPK, p), dim=-1)
-    compressed = torch.where(top.indices >= valid_end, torch.full_like(top.indices, -1), top.indices)
-    idx = dk.build_dsv4_sparse_topk_indices(batch_size=1, seq_len=s, key_len=s + p, window_size=WINDOW, device=DEV, compress_ratio=RATIO, compressed_topk=compressed,
-                                            n_pooled=p, vanilla_key_len=s)
+    _, idx = selection(1, s, p, TOPK, WINDOW, RATIO, seed)
     assert idx.shape == (1, s, WINDOW + min(TOPK, p)) and idx.dtype == torch.int32
+    gen = torch.Generator(device=DEV).manual_seed(seed + 1)
     rows = torch.randperm(s, device=DEV, generator=gen)
     empty, window_only = rows[:7], rows[7:40]
     idx[0, empty] = -1
