@@ -6,6 +6,7 @@
 //! - [`backend`]: [`CudaBackend`], dsv4-core's `KernelBackend` on these kernels, and
 //!   [`register`], which makes it the `cuda` backend of dispatch.
 //! - one launcher module per operation family, its kernels in `kernels/<family>/`.
+//! - [`tuning`]: the typed kernel configs' trait, and (the `tuning` feature) overrides.
 //! - [`params`]: the `#[repr(C)]` params structs and their header mirrors, in one table.
 
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod runtime;
 pub mod sinkhorn;
 pub mod sparse_attention;
 pub mod sparse_indices;
+pub mod tuning;
 
 pub use backend::{register, CudaBackend};
 pub use runtime::{gpu, set_current_stream, DeviceProps, Gpu, Kernel, Scratch};

@@ -195,22 +195,9 @@ pub fn gpu(ordinal: usize) -> Result<&'static Gpu> {
     Ok(g)
 }
 
-/// `DSV4_EXTRA_DEFINES` parsed once: `NAME=VALUE` pairs separated by commas (a bare
-/// `NAME` means `NAME=1`).
+/// `DSV4_EXTRA_DEFINES` (the `tuning` feature; empty in the default build).
 fn extra_defines() -> &'static [(String, String)] {
-    static EXTRA: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
-    EXTRA.get_or_init(|| {
-        std::env::var("DSV4_EXTRA_DEFINES")
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| match s.split_once('=') {
-                Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
-                None => (s.to_string(), "1".to_string()),
-            })
-            .collect()
-    })
+    crate::tuning::extra_defines()
 }
 
 /// The value `DSV4_EXTRA_DEFINES` gives `name` (the last one if repeated), for launchers
