@@ -282,3 +282,10 @@ pub fn backward(gpu: &Gpu, a: &QNormRopeArgs, rstd: &TensorView, grad: &TensorVi
     // shared memory holds 2*C floats per warp as the kernel indexes.
     unsafe { k.launch([grid_for(gpu, rows, warps), 1, 1], [32 * warps as u32, 1, 1], smem as u32, &p) }
 }
+
+/// The kernel variants this family's launchers can select, rendered from their configs
+/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
+/// listed are compiled from their `// dsv4-test-defines:` lines.
+pub fn compile_variants() -> Vec<crate::tuning::Variant> {
+    Vec::new()
+}

@@ -248,3 +248,10 @@ mod tests {
         assert_eq!(backward_bytes_per_thread(8, 20), 8 * (39 * 8 + 64));
     }
 }
+
+/// The kernel variants this family's launchers can select, rendered from their configs
+/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
+/// listed are compiled from their `// dsv4-test-defines:` lines.
+pub fn compile_variants() -> Vec<crate::tuning::Variant> {
+    Vec::new()
+}

@@ -123,6 +123,27 @@ pub fn configured<C: KernelConfig>() -> Result<C> {
     Ok(config)
 }
 
+/// One compile unit a launcher can select: a kernel file and the defines its config renders.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Variant {
+    /// The kernel file under `kernels/` (e.g. `sparse_attention/fwd_sm90.cu`).
+    pub path: &'static str,
+    /// The architectures it is compiled for (`sm_90a` only for the Hopper kernels).
+    pub archs: &'static [&'static str],
+    pub defines: Vec<(&'static str, String)>,
+}
+
+/// Every variant the launchers can select, rendered from their configs: what the kernel
+/// compile test builds (a file listed here is compiled with these define sets only).
+pub fn compile_variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    v.extend(crate::sparse_attention::compile_variants());
+    v.extend(crate::indexer::compile_variants());
+    v.extend(crate::sinkhorn::compile_variants());
+    v.extend(crate::qnorm_rope::compile_variants());
+    v
+}
+
 /// Whether this build honours tuning overrides (the `tuning` feature).
 pub const ENABLED: bool = cfg!(feature = "tuning");
 

@@ -1,6 +1,7 @@
 //! Every kernel file under `kernels/` (`*.cu`) compiles with NVRTC for `sm_90a` and
 //! `sm_80` (or the architectures its `// dsv4-archs:` line names), with its default
-//! defines and each `// dsv4-test-defines:` variant, without errors or warnings.
+//! defines and each `// dsv4-test-defines:` variant, without errors or warnings; a file
+//! that `tuning::compile_variants` lists (its launcher's configs) with those variants only.
 //! Prints ptxas's registers / stack / spills per entry point and its wgmma advisories;
 //! fails when ptxas serialized a kernel's wgmma products.
 //!
@@ -30,8 +31,18 @@ fn every_kernel_compiles_without_warnings() {
     println!("nvrtc {}.{} from {}; CUDA headers: {}", nv.version.0, nv.version.1, nv.library, nv.include_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "none found (NVRTC built-ins only)".into()));
     let only = std::env::var("DSV4_KERNEL").ok();
     let mut jobs = Vec::new();
+    // Files whose variants the launchers' configs list: those define sets only.
+    let registered = dsv4_cuda::tuning::compile_variants();
+    for v in &registered {
+        if only.as_deref().is_some_and(|o| o != v.path) {
+            continue;
+        }
+        for arch in v.archs {
+            jobs.push(Job { path: v.path, arch: arch.to_string(), defines: v.defines.iter().map(|(k, d)| (k.to_string(), d.clone())).collect() });
+        }
+    }
     for (path, src) in kernel_files() {
-        if only.as_deref().is_some_and(|o| o != path) {
+        if only.as_deref().is_some_and(|o| o != path) || registered.iter().any(|v| v.path == path) {
             continue;
         }
         let archs = declared_archs(src).unwrap_or_else(|| ARCHS.iter().map(|s| s.to_string()).collect());

@@ -137,3 +137,10 @@ fn shape_of(op: &'static str, a: &IndexerArgs) -> Result<Shape> {
 fn grid_dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).ok().filter(|&x| x <= i32::MAX as u32).ok_or_else(|| unavailable(op, format!("{what} = {v} blocks exceed the grid limit")))
 }
+
+/// The kernel variants this family's launchers can select, rendered from their configs
+/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
+/// listed are compiled from their `// dsv4-test-defines:` lines.
+pub fn compile_variants() -> Vec<crate::tuning::Variant> {
+    Vec::new()
+}

@@ -199,3 +199,10 @@ fn plan_source(op: &'static str, plan: &SparseIndexPlan, dm: Dims) -> Result<Ind
 fn out_ptr(v: &TensorViewMut) -> u64 {
     v.as_view().address()
 }
+
+/// The kernel variants this family's launchers can select, rendered from their configs
+/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
+/// listed are compiled from their `// dsv4-test-defines:` lines.
+pub fn compile_variants() -> Vec<crate::tuning::Variant> {
+    Vec::new()
+}
