@@ -44,11 +44,13 @@ def repro_path() -> Path:
 def reference(q, kv, sinks, idx, scale, dout, rows=512):
     """f32 out, dq, dkv, dsinks of SPEC.md section 1 (autograd), in row chunks of one batch row."""
     k = kv.shape[1]
-    kv32 = kv[0].float().requires_grad_(True)
-    s32 = sinks.float().requires_grad_(True)
+    # detach().clone(): `sinks` is already f32, so `.float()` alone would be the caller's
+    # tensor itself and requires_grad_ would change it.
+    kv32 = kv[0].detach().float().clone().requires_grad_(True)
+    s32 = sinks.detach().float().clone().requires_grad_(True)
     outs, dqs = [], []
     for a in range(0, q.shape[1], rows):
-        qc = q[0, a:a + rows].float().requires_grad_(True)
+        qc = q[0, a:a + rows].detach().float().clone().requires_grad_(True)
         ii = idx[0, a:a + rows].long()
         valid = (ii >= 0) & (ii < k)
         g = kv32[ii.clamp(0, k - 1)]  # [r, T, D]
@@ -71,7 +73,7 @@ def poison_allocator(nbytes):
 
 def run_ours(q, kv, sinks, idx, scale, dout, impl, plan=None):
     poison_allocator(4 * q.numel() + 8 * kv.numel())
-    leaves = [t.clone().requires_grad_(True) for t in (q, kv, sinks)]
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, kv, sinks)]
     out = dk.dsv4_sparse_attention(*leaves, None if plan is not None else idx, scale, "cuda", backward_impl=impl, plan=plan)
     out.backward(dout)
     torch.cuda.synchronize()
