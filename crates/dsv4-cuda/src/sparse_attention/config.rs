@@ -178,6 +178,19 @@ mod tests {
     }
 
     #[test]
+    fn overrides_reach_the_defines() {
+        use crate::tuning::KernelConfig;
+        let mut c = SaBwdConfig::default();
+        assert!(c.set("det_c0_chunks", "3").unwrap() && c.set("qdo_tma", "0").unwrap());
+        assert_eq!(bwd_sm90_defines(&c, true, c.qdo_tma), s(&[("SA90_BWD_DET", "1"), ("SA90_BWD_C0_CHUNKS", "3"), ("SA90_BWD_QDO_TMA", "0")]));
+        assert_eq!(bwd_sm90_defines(&c, false, true)[1], ("SA90_BWD_C0_CHUNKS", "2".to_string()));
+        let mut d = SaDetConfig::default();
+        assert!(d.set("reduce_groups", "8").unwrap());
+        assert_eq!(reduce_defines(&d), s(&[("SA_REDUCE_GROUPS", "8")]));
+        assert_eq!(SaFwdConfig::fields(), &["q_tma", "ctas"]);
+    }
+
+    #[test]
     fn compile_variants_cover_every_kernel_once() {
         let v = compile_variants();
         for path in ["fwd_sm90.cu", "bwd_sm90.cu", "fwd.cu", "bwd.cu", "bwd_reduce.cu", "plan.cu", "pack.cu"] {

@@ -23,6 +23,10 @@ pub(crate) fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut)
     let plan = match &a.indices {
         SparseIndices::Plan(p) => *p,
         SparseIndices::TopK(idx) => {
+            // The plan's global coordinates b*K + k in int32 (plan_sparse_indices' check).
+            if (dm.b as u64) * (dm.k as u64) > i32::MAX as u64 {
+                return Err(unavailable(OP_DENSE, format!("B*K = {} must fit in int32", dm.b * dm.k)));
+            }
             owned = plan_impl(OP_DENSE, gpu, idx, dm.k, true)?;
             &owned
         }
