@@ -436,8 +436,8 @@ fn small_hopper_backward_d512() {
         let tiles = choose_tiles(Pass::Bwd, 512, c.h, gpu.props().max_shared_per_block_optin as usize).unwrap();
         let hopper = use_hopper_bwd(gpu, 512, false);
         let n_hblk = bwd_head_blocks(hopper, &tiles, c.h);
-        // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns (or as
-        // DSV4_EXTRA_DEFINES asks), and an i32 index entry.
+        // The Hopper kernel's contributions are fp16 with an f32 scale per 64 columns, and
+        // an i32 index entry.
         let one_row = c.t * (n_hblk * dsv4_cuda::sparse_attention::ContribFormat::of_backward(hopper).bytes(512) + 4);
         // 3 rows' room: the inverted index built once for all rows, waves of whole row blocks.
         let mut js = deterministic_reruns(&c, &x, &da, &out, &lse, &[dsv4_core::ops::sparse_attention::DEFAULT_BACKWARD_WORKSPACE_BYTES, one_row, 3 * one_row], 4);
@@ -788,12 +788,11 @@ fn every_chosen_tile_compiles_without_spills() {
         } else {
             ("sparse_attention/bwd.cu", "sparse_attn_bwd")
         };
-        let defs = [
-            ("SA_D", d.to_string()),
-            ("SA_HB", hb.to_string()),
-            ("SA_BN", bn.to_string()),
-            ("SA_DW", dw.to_string()),
-        ];
+        // (the launchers' other defines at their usual values: exp2 arithmetic, no dedup)
+        let mut defs = vec![("SA_D", d.to_string()), ("SA_HB", hb.to_string()), ("SA_BN", bn.to_string()), ("SA_DW", dw.to_string()), ("SA_NATURAL_EXP", "0".to_string())];
+        if fwd {
+            defs.push(("SA_DEDUP", "0".to_string()));
+        }
         let label = format!("{path} [{arch}] D={d} HB={hb} BN={bn} DW={dw}");
         let c = match nv.compile(path, &defs, arch) {
             Ok(c) => c,

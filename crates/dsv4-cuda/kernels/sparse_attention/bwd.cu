@@ -25,32 +25,15 @@
 //                            sums them per key in (row, slot, head block) order through an
 //                            inverted index.
 //
-// dsv4-test-defines: SA_D=64 SA_HB=16 SA_BN=64 SA_DW=64
-// dsv4-test-defines: SA_D=128 SA_HB=64 SA_BN=64 SA_DW=128 SA_NATURAL_EXP=1
-// dsv4-test-defines: SA_D=256 SA_HB=48 SA_BN=64 SA_DW=128
-// dsv4-test-defines: SA_D=448 SA_HB=16 SA_BN=32 SA_DW=64
-// dsv4-test-defines: SA_D=512 SA_HB=32 SA_BN=32 SA_DW=128
-// dsv4-test-defines: SA_D=512 SA_HB=16 SA_BN=64 SA_DW=128
+// Defines (the launcher's, src/sparse_attention/tiles.rs, all required): SA_D (head dim, a
+// multiple of 64, <= 512), SA_HB (heads per CTA: 16, 32, 48 or 64; the launcher keeps <=
+// 256 threads), SA_BN (slots per tile: 32 or 64), SA_DW (dq columns per warp: 64 or 128,
+// dividing SA_D), SA_NATURAL_EXP (0/1).
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
 #include "sparse_attention/tile.cuh"
 
-#ifndef SA_D
-#define SA_D 512  // head dim, a multiple of 64, <= 512
-#endif
-#ifndef SA_HB
-#define SA_HB 32  // heads per CTA, a multiple of 16, <= 64 (the launcher keeps <= 256 threads)
-#endif
-#ifndef SA_BN
-#define SA_BN 64  // slots per tile: 32 or 64
-#endif
-#ifndef SA_DW
-#define SA_DW 128  // dq columns per warp: 64 or 128, dividing SA_D
-#endif
-#ifndef SA_NATURAL_EXP
-#define SA_NATURAL_EXP 0
-#endif
 
 using namespace dsv4;
 using namespace dsv4::sa;
@@ -81,13 +64,14 @@ static_assert(kBN == 32 || kBN == 64, "SA_BN: 32 or 64");
 static_assert((kDW == 64 || kDW == 128) && kD % kDW == 0, "SA_DW: 64 or 128, dividing SA_D");
 static_assert(kThreads % kChunks == 0, "the gather assigns whole rows per pass");
 
-#if SA_NATURAL_EXP
-__device__ __forceinline__ float exp_base(float x) { return expf(x); }
-constexpr float kLogScale = 1.0f;
-#else
-__device__ __forceinline__ float exp_base(float x) { return exp2f(x); }
-constexpr float kLogScale = kLog2e;
-#endif
+__device__ __forceinline__ float exp_base(float x) {
+    if constexpr (SA_NATURAL_EXP != 0) {
+        return expf(x);
+    } else {
+        return exp2f(x);
+    }
+}
+constexpr float kLogScale = SA_NATURAL_EXP != 0 ? 1.0f : kLog2e;
 }  // namespace
 
 // dst[0..4] += v, four f32 atomic adds; one 16-byte vector reduction on sm_90+ (dst

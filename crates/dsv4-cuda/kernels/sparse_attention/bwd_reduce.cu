@@ -8,13 +8,8 @@
 //   sparse_attn_f32_to_bf16:  dkv = bf16(acc)
 //   sparse_attn_dsinks:       dsinks[h] = sum over rows of the per-row partials
 //
-// dsv4-test-defines: SA90_BWD_DET_SECTORS=0
-// dsv4-test-defines: SA_REDUCE_GROUPS=8
-// dsv4-test-defines: SA_REDUCE_STAGE=8
-// dsv4-test-defines: SA_REDUCE_STAGE=0
-// dsv4-test-defines: SA_REDUCE_GROUPS=2
-// dsv4-test-defines: SA90_BWD_DET_BF16=1
-// dsv4-test-defines: SA_REDUCE_KEYS_DESC=0
+// Defines (the launcher's, src/sparse_attention/deterministic.rs): SA_REDUCE_GROUPS, the
+// entry groups a key of sparse_attn_inv_reduce_f16 (1..8; its CTA is 64 threads a group).
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
@@ -43,8 +38,7 @@ extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_count(const Sp
 
 // Per key g: counts[rb][g] <- slots of g in blocks before rb; colptr[g + 1] <- slots of g.
 // The counts of 16 row blocks are loaded before any is rewritten, so a thread has 16 loads
-// in flight instead of one (v21: one at a time took 0.45 ms a wave at S=16384 under ncu,
-// B*K = 20,480 threads of 528 dependent steps).
+// in flight instead of one.
 extern "C" __global__ void __launch_bounds__(256) sparse_attn_inv_scan_rb(const SparseAttnInvIndexParams p) {
     constexpr int kBatch = 16;
     for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < p.G; g += static_cast<i64>(gridDim.x) * blockDim.x) {
@@ -165,10 +159,10 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
     }
 }
 
-// The same for the Hopper backward's 16-bit contributions (bwd_sm90.cu, SA90_BWD_DET_F16):
-// contrib holds fp16 [n_rows, T, n_hblk, D] (each 64-column chunk in the order
-// 16 c4 + 2 j + e = column 8 j + 2 c4 + e) and then the f32 scales [n_rows, T, n_hblk, D / 64];
-// acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum of
+// The same for the Hopper backward's 16-bit contributions (bwd_sm90.cu, SA90_BWD_DET=1):
+// contrib holds fp16 [n_rows, T, n_hblk, D] (each 64-column chunk in 16-byte units u = 4 k
+// + c4: quad lane c4, n8 tiles 4 k .. 4 k + 3) and then the f32 scales [n_rows, T, n_hblk,
+// D / 64]; acc[g] (bwd_sm90.cu's permuted flush layout, as the atomic mode leaves it) += the sum of
 // g's entries of fp16 * scale over head blocks in order. One CTA per key, kGroups groups of
 // D/8 threads (8 stored values, 16 bytes, each): group q sums, in order, the entries whose
 // position among ALL of g's entries (every wave's) is q mod kGroups, then the groups' sums
@@ -176,68 +170,29 @@ extern "C" __global__ void __launch_bounds__(128) sparse_attn_inv_reduce(const S
 // entries at the causal start) is not one thread's serial loop. Over several waves each
 // group's running sum is kept in `partials` and the tree is taken by the last wave alone:
 // the bits are those of one wave over all rows, whatever the workspace and the split.
-// SA_REDUCE_GROUPS (1..8, default 4; the launcher reads the same define for the CTA size).
-#ifndef SA_REDUCE_GROUPS
-#define SA_REDUCE_GROUPS 4
-#endif
+// With one head block, a key's entry ids are staged in shared memory (a CTA's worth at a
+// time, one coalesced load) and each group's values loaded kN = 4 entries at a time, so its
+// loads do not wait on the entry loads one by one (the same entries in the same order:
+// bitwise the same sums). CTA i takes key G - 1 - i: a selection's keys after the window's
+// (DeepSeek's pooled keys, K = S + S/4) are each in hundreds to thousands of rows' slots,
+// the window's in at most 128; taken first, the long keys do not start in the grid's last
+// rounds and finish alone (the same sums per key, bitwise).
 constexpr int kReduceGroups = SA_REDUCE_GROUPS;
 static_assert(kReduceGroups >= 1 && kReduceGroups <= 8, "SA_REDUCE_GROUPS: 1..8");
-// The chunk's 16-byte units as bwd_sm90.cu stores them (its SA90_BWD_DET_SECTORS): unit u
-// holds quad lane c4 = u % 4, n8 tiles 4 (u / 4) .. + 3 (1, the default), or c4 = u / 2,
-// tiles 4 (u % 2) .. + 3 (0).
-#ifndef SA90_BWD_DET_SECTORS
-#define SA90_BWD_DET_SECTORS 1
-#endif
-// SA_REDUCE_STAGE=N (N > 1, default 4; one head block): a key's entry ids staged in shared
-// memory (a CTA's worth at a time, one coalesced load) and each group's values loaded N
-// entries at a time, so its loads do not wait on the entry loads one by one; the same
-// entries in the same order (bitwise the same sums). v22 call 3, H200: S=16384 12.95 ->
-// 11.96-11.99 ms (N = 4), 12.02 (N = 8); S=4096 2.81-2.83 -> 2.55. 0: the entry ids read
-// per entry (4 entries' loads in flight at most, each after its id's).
-#ifndef SA_REDUCE_STAGE
-#define SA_REDUCE_STAGE 4
-#endif
-// SA90_BWD_DET_BF16=1 (bwd_sm90.cu's knob): the rows are bf16 values without scales.
-#ifndef SA90_BWD_DET_BF16
-#define SA90_BWD_DET_BF16 0
-#endif
-// SA_REDUCE_KEYS_DESC=1 (the default): CTA i takes key G - 1 - i (0: key i). A selection's
-// keys after the window's (DeepSeek's pooled keys, K = S + S/4) are each in hundreds to
-// thousands of rows' slots, the window's in at most 128: taken first, the long keys do not
-// start in the grid's last rounds and finish alone (ncu, v24 call 1: the S=4096 remainder
-// wave's reduce reads 287 MB in 107 us, 2.7 TB/s, against 4.2 TB/s for the full wave). The
-// same sums per key, bitwise. H200 (v25 call 1, two rounds): S=4096 2.5026-2.5045 ->
-// 2.4893-2.4905 ms, S=16384 11.40-11.43 -> 11.30-11.35.
-#ifndef SA_REDUCE_KEYS_DESC
-#define SA_REDUCE_KEYS_DESC 1
-#endif
 // Where the Hopper backward's flush layout keeps column c (0..15) of a group of 16: column
 // 8 h + 2 c4 + e at 4 c4 + 2 h + e (bwd_sm90.cu, flush_chunk).
 __device__ __forceinline__ int flush_col16(int c) {
     return 4 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1);
 }
-// sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc (bf16: the values alone).
+// sum[2 k], sum[2 k + 1] += the low, high fp16 of w[k] times sc.
 __device__ __forceinline__ void add_f16_unit(float (&sum)[8], const uint4 v, float sc) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        if constexpr (SA90_BWD_DET_BF16 != 0) {
-            sum[2 * k] += __uint_as_float(w[k] << 16);
-            sum[2 * k + 1] += __uint_as_float(w[k] & 0xffff0000u);
-        } else {
-            float x, y;
-            asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
-            sum[2 * k] = fmaf(x, sc, sum[2 * k]);
-            sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
-        }
-    }
-}
-// The scale of a contribution chunk (1 for bf16 rows: no scales stored).
-__device__ __forceinline__ float chunk_scale(const float* scales, i64 i) {
-    if constexpr (SA90_BWD_DET_BF16 != 0) {
-        return 1.0f;
-    } else {
-        return scales[i];
+        float x, y;
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n" : "=f"(x), "=f"(y) : "r"(w[k]));
+        sum[2 * k] = fmaf(x, sc, sum[2 * k]);
+        sum[2 * k + 1] = fmaf(y, sc, sum[2 * k + 1]);
     }
 }
 extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGroups) sparse_attn_inv_reduce_f16(const SparseAttnInvIndexParams p) {
@@ -250,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
     const unsigned short* vals = reinterpret_cast<const unsigned short*>(p.contrib);
     const float* scales = reinterpret_cast<const float*>(vals + static_cast<i64>(p.n_rows) * p.T * p.n_hblk * p.D);
     for (i64 i = blockIdx.x; i < p.G; i += gridDim.x) {
-        const i64 g = SA_REDUCE_KEYS_DESC ? p.G - 1 - i : i;
+        const i64 g = p.G - 1 - i;
         const int lo = wave_begin(p, g), hi = wave_end(p, g);
         const bool waves = p.partials != nullptr;
         if (lo == hi && !(waves && p.last_wave)) {  // uniform across the CTA
@@ -272,8 +227,8 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
         float sum[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) sum[k] = waves ? run[k] : 0.0f;  // partials start as zeros
-        if (SA_REDUCE_STAGE > 1 && p.n_hblk == 1) {
-            constexpr int kN = SA_REDUCE_STAGE > 1 ? SA_REDUCE_STAGE : 1;
+        if (p.n_hblk == 1) {
+            constexpr int kN = 4;  // entries whose loads are in flight at once
             const int cta = static_cast<int>(blockDim.x);  // a multiple of kReduceGroups
             for (int c0 = lo; c0 < hi; c0 += cta) {
                 const int cn = min(cta, hi - c0);
@@ -288,14 +243,14 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
                     for (int u = 0; u < kN; ++u) {
                         const i64 e = ids[i + u * kReduceGroups];
                         v[u] = *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd);
-                        sc[u] = chunk_scale(scales, e * chunks + ch);
+                        sc[u] = scales[e * chunks + ch];
                     }
 #pragma unroll
                     for (int u = 0; u < kN; ++u) add_f16_unit(sum, v[u], sc[u]);
                 }
                 for (; i < cn; i += kReduceGroups) {
                     const i64 e = ids[i];
-                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd), chunk_scale(scales, e * chunks + ch));
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + e * p.D + ch * 64 + 8 * qd), scales[e * chunks + ch]);
                 }
             }
         } else {
@@ -303,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
             for (int e = lo + skew; e < hi; e += kReduceGroups) {  // unrolled: 4 entries' loads in flight, the adds in order
                 const i64 base = (p.entries[e] - p.entry_base) * p.n_hblk;
                 for (int hb = 0; hb < p.n_hblk; ++hb) {
-                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), chunk_scale(scales, (base + hb) * chunks + ch));
+                    add_f16_unit(sum, *reinterpret_cast<const uint4*>(vals + (base + hb) * p.D + ch * 64 + 8 * qd), scales[(base + hb) * chunks + ch]);
                 }
             }
         }
@@ -321,10 +276,9 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
         }
         __syncthreads();
         if (grp == 0) {
-            // Stored position 8 qd + k of the chunk (unit qd): c4 = qd / 2, j = 4 (qd % 2) +
-            // k / 2 (sectors: c4 = qd % 4, j = 4 (qd / 4) + k / 2), e = k % 2, column n =
-            // 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2, h = j % 2), which acc keeps
-            // at 16 m + 4 c4 + 2 h + e.
+            // Stored position 8 qd + k of the chunk (unit qd): c4 = qd % 4, j = 4 (qd / 4) +
+            // k / 2, e = k % 2, column n = 8 j + 2 c4 + e = 16 m + 8 h + 2 c4 + e (m = j / 2,
+            // h = j % 2), which acc keeps at 16 m + 4 c4 + 2 h + e.
             // The last wave (dkv_out) stores bf16(acc + v) at the natural column n (pairs e = 0,
             // 1 as one bf16x2) instead of writing acc back.
             float* a = p.acc + g * p.D + ch * 64;
@@ -337,8 +291,8 @@ extern "C" __global__ void __launch_bounds__(64 * kReduceGroups, 16 / kReduceGro
 #pragma unroll
                     for (int q = 0; q < kReduceGroups - 1; ++q) v[e] += part[q][8 * t + k + e];
                 }
-                const int c4 = SA90_BWD_DET_SECTORS ? qd % 4 : qd / 2;
-                const int j = SA90_BWD_DET_SECTORS ? 4 * (qd / 4) + k / 2 : 4 * (qd % 2) + k / 2;
+                const int c4 = qd % 4;
+                const int j = 4 * (qd / 4) + k / 2;
                 float* const at = a + 16 * (j / 2) + 4 * c4 + 2 * (j % 2);
                 if (p.dkv_out != nullptr) {
                     *reinterpret_cast<u32*>(p.dkv_out + g * p.D + ch * 64 + 8 * j + 2 * c4) = pack_bf16(at[0] + v[0], at[1] + v[1]);

@@ -5,48 +5,41 @@
 //   dq      = dS K                       (f32 registers, written once per row)
 //   dkv[k] += dS^T Q + P^T dO            (atomic: f32 vector reductions into [B,K,D];
 //                                         deterministic: each valid slot's row stored to
-//                                         contributions [rows of the wave, T, n_hblk, D],
-//                                         fp16 with an f32 scale per 64 columns
-//                                         (SA90_BWD_DET_F16, the launcher's default) or
-//                                         f32, summed per key by bwd_reduce.cu)
+//                                         contributions [rows of the wave, T, n_hblk, D]
+//                                         as fp16 with an f32 scale per 64 columns,
+//                                         summed per key by bwd_reduce.cu)
 //   dsinks_part[row, h] = -p_sink * delta (0 for an empty row)
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: DSV4_SA90_BWD_DIAG=3
-// dsv4-test-defines: DSV4_SA90_BWD_DIAG=8 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: DSV4_SA90_BWD_DIAG=9 SA90_BWD_COL_HALVES=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_DET_F16=1
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_SECTORS=0 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_RCP=0 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_LINES=0 SA90_BWD_KV_EVICT_LAST=0 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_DET_F16=1 SA90_BWD_DET_BF16=1 SA90_BWD_C0_CHUNKS=3
-// dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_COL_HALVES=0 SA90_BWD_C0_CHUNKS=2 SA90_BWD_ATOMIC=1
-// dsv4-test-defines: SA90_BWD_COL_HALVES=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
-// dsv4-test-defines: SA90_BWD_QDO_TMA=0 SA90_BWD_DET_F16=1 SA90_BWD_C0_CHUNKS=2
+//
+// Defines (the launcher's, src/sparse_attention/backward.rs):
+//   SA90_BWD_DET        1: the deterministic mode (16-bit contribution rows); 0: atomic
+//   SA90_BWD_C0_CHUNKS  of the eight dKV chunks of a pair, how many consumer 0 takes (0..7)
+//   SA90_BWD_QDO_TMA    1: Q and dO tiles by TMA through `q_map` / `do_map`; 0: by the
+//                       producer's cp.async (where q or dout cannot be mapped)
 //
 // One CTA = one query row (b, s) x 64 heads (the wgmma M; heads >= H are zero rows whose
 // P is forced to 0 and which are never stored); grid [rows, ceil(H / 64)]: launch row
 // chunk_base + blockIdx.x (deterministic: the wave's local row blockIdx.x), which is row
-// B*S - 1 - (chunk_base + blockIdx.x) when p.rows_desc (the launcher's default in the
+// B*S - 1 - (chunk_base + blockIdx.x) when p.rows_desc (the launcher sets it in the
 // deterministic mode: its waves run from the last rows down, so the short remainder wave
 // holds a causal selection's cheap first rows), head block blockIdx.y, n_hblk = gridDim.y.
 // Three warpgroups:
-//   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier; by TMA from one
-//        thread, SA90_BWD_QDO_TMA, while the others start the gather), then the row's
-//        slots gathered by cp.async into a ring of two 32 KiB buffers: the iteration's 64
-//        keys (a pair of 32-key blocks; the rows are K and V at once: MQA) in two column
-//        halves, 0-255 and 256-511 (SA90_BWD_COL_HALVES; 0: one block each), "ready" /
-//        "free" mbarriers per buffer, slot keys staged per 1024-slot chunk (as
-//        fwd_sm90.cu).
+//   WG 0, producer: Q and dO of the row into SW128 tiles (one mbarrier; with
+//        SA90_BWD_QDO_TMA sixteen TMA loads from one thread, one SW128 group of 64 heads x
+//        64 columns each, heads >= H read as zeros, while the others start the gather),
+//        then the row's slots gathered by cp.async a pair of 32-key blocks (64 keys; the
+//        rows are K and V at once: MQA) at a time into one [64 x 512] tile in two column
+//        halves, 0-255 and 256-511 (gather_pair_halves): half 0 is refilled once consumer
+//        0's dq products are done (it alone reads it after S and dP), half 1 once consumer
+//        1's are, so consumer 0's S and dP of the next pair start on columns 0-255 while
+//        256-511 land; "ready" / "free" mbarriers per half, slot keys staged per
+//        1024-slot chunk (as fwd_sm90.cu). The deterministic mode's gathers carry an L2
+//        evict_last policy, so the 16-bit rows streamed out do not push the gathered keys
+//        out of L2.
 //   WG 1 and WG 2, consumers 0 and 1: first delta[h] = <dout[h], out[h]> (out from global
 //        memory, dout from the dO tile, 4 threads a head) and lse in log2 units into
-//        shared memory. Then per pair the consumers split by role (since v16; before,
-//        each consumer took one block of the pair and half of every product, and both
-//        stopped their products to flush):
+//        shared memory. Then per pair the consumers split by role:
 //     consumer 0: S = Q K^T, dP = dO K^T of the pair's 64 keys (m64n64k16 SS over the
 //          interleaved ring; 32 k-steps each, K-major),
 //          P = exp2(S sm_scale log2e - lse2) (masked slots and padded heads: 0),
@@ -57,8 +50,7 @@
 //            dS^T -> dS^T [64 keys][64 heads]
 //          (kBarTilesReady to consumer 1), then dq[:, 0:256] += dS K[:, 0:256] (RS, dS
 //          from registers; K N-major: the forward's P V) and its half of the ring's frees;
-//          then dKV chunks 0 and 1 as consumer 1 does the others (SA90_BWD_C0_CHUNKS,
-//          below; both modes).
+//          then dKV chunks 0 .. SA90_BWD_C0_CHUNKS - 1 as consumer 1 does the others.
 //     consumer 1: dq[:, 256:512] += dS K[:, 256:512] (SS from the dS tile), then (the rest
 //          of) dKV[pair's 64 keys] = dS^T Q + P^T dO (M = keys, K = heads: 4 k-steps; A K-major
 //          from the transposed tiles, B = the Q / dO tiles read N-major) in eight chunks of
@@ -66,35 +58,22 @@
 //          run while chunk c - 1 is flushed, so the reductions, the kernel's bound, do not
 //          stop for products; the ring is freed as soon as dq's products are done (dKV
 //          needs no K/V), so the next pair's gathers overlap the dKV products.
-//        Each chunk is flushed from its accumulators into f32 columns permuted within
-//        groups of 16 (the flush layout below), 4 key rows x 128 B a warp instruction:
-//        atomic, red.global.add.v4.f32 into [B, K, D]; deterministic, streaming stores.
-//        Each thread copies its flush rows' keys to registers first (the producer rewrites
-//        the slot keys).
+//        Each chunk is flushed from its accumulators: atomic, f32 columns permuted within
+//        groups of 16 (flush_chunk), 4 key rows x 128 B a warp instruction of
+//        red.global.add.v4.f32 into [B, K, D]; deterministic, 16-bit rows by streaming
+//        stores (flush_chunk_f16). Each thread copies its flush rows' keys to registers
+//        first (the producer rewrites the slot keys).
 // Why this split: the transposed P^T / dS^T tiles make the dKV product a plain K-major A
 // (no transposed-A wgmma needed) and the non-transposed dS tile gives dq the forward's
-// verified P V form; all descriptors are the forms hopper_probe.cu checks. H200
-// (docs/perf/LOG.md v16), S=16384 atomic: without the reductions 6.72 ms, without the products
-// 7.52, the kernel 8.95-9.06.
+// verified P V form; all descriptors are the forms hopper_probe.cu checks.
 //
-// Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, K/V ring
+// Shared memory (SW128 operand tiles, hopper.cuh): Q 64 KiB, dO 64 KiB, the K/V ring
 // 2 x 32 KiB (one [64 x 512] tile of the pair: its column halves), dS, P^T, dS^T
-// 3 x 8 KiB, slot keys of the ring's blocks (for the
-// masks) and of the producer's current 1024-slot chunk, lse2 / delta, the row's
-// "a valid slot was seen" flag, barriers. The Q area stages the bf16 dq tile at the end
-// (16-byte stores). A ring of two buffers (not the forward's four) is what fits beside dO
-// and the three P / dS tiles (so consumer 0 also waits for consumer 1 to read the tiles
-// before it writes the next pair's).
-
-// The deterministic mode's K/V gathers carry an L2 evict_last policy (gather_sm90.cuh,
-// SA90_BWD_KV_EVICT_LAST), so the 16-bit rows streamed out do not push the gathered keys
-// out of L2 (v22 call 3, H200: S=16384 12.95 -> 12.62-12.63 ms; the atomic mode, whose
-// reductions stay in L2, was not helped: 8.84-8.87 -> 8.92-8.94, so it keeps none).
-#if !defined(SA90_BWD_KV_EVICT_LAST) && defined(SA90_BWD_DET_F16)
-#if SA90_BWD_DET_F16
-#define SA90_BWD_KV_EVICT_LAST 1
-#endif
-#endif
+// 3 x 8 KiB, slot keys of the pair (for the masks) and of the producer's current
+// 1024-slot chunk, lse2 / delta, the row's "a valid slot was seen" flag, barriers. The Q
+// area stages the bf16 dq tile at the end (16-byte stores). A ring of one pair (not the
+// forward's two) is what fits beside dO and the three P / dS tiles (so consumer 0 also
+// waits for consumer 1 to read the tiles before it writes the next pair's).
 
 #include "common.cuh"
 #include "hopper.cuh"
@@ -109,69 +88,15 @@ using namespace dsv4::hopper;
 using dsv4::sa::kLog2e;
 using dsv4::sa::slot_key;
 
-// SA90_BWD_QDO_TMA=1: the producer's thread 0 loads the row's Q and dO tiles by sixteen TMA
-// loads (one SW128 group of 64 heads x 64 columns each, heads >= H read as zeros) on the
-// Q/dO barrier (count 1, its bytes expected), and the other producer threads go straight to
-// the gather; the launcher compiles it where q and dout can be mapped (`q_map`, `do_map`:
-// 4D maps {512, H, S, B}) and passes zeros with SA90_BWD_QDO_TMA=0: the 128 producer
-// threads' 64 cp.async each, ahead of the row's first gathers (v29, H200: S=4096 1.7038
-// against 1.7283 ms; level at S=16384 over eight alternating pairs).
-#ifndef SA90_BWD_QDO_TMA
-#define SA90_BWD_QDO_TMA 1
-#endif
 
-// SA90_BWD_DET_F16=1 (deterministic mode; the launcher sets it with the matching buffers):
-// each slot's contribution is stored in 16 bits, per 64-column chunk as fp16(c / s) with
-// s = the chunk row's max |c| (f32), instead of f32: half the bytes the main kernel writes
-// and bwd_reduce.cu's sparse_attn_inv_reduce_f16 reads (v21, H200: S=16384 18.57-18.59
-// -> 17.06-17.12 ms, S=4096 4.515 -> 4.365). Error (research/sa_det_f16_emulate.py, f64
-// reference): dkv's f32 sum 1.9e-4 relative Frobenius (f32 rows: 3.8e-7) at 500 and at
-// 4,096 contributions a key; the bf16 dkv returned 1.67e-3 against 1.66e-3 with f32 rows
-// (its own rounding dominates); SPEC's bound 5e-3. Layout (the wave's n = gridDim.x
-// rows): contributions [n, T, n_hblk, D] fp16, each 64-column chunk in the order
-// (quad lane c4, n8 tile j, e) = column 8 j + 2 c4 + e (a thread's 16 values contiguous),
-// then the scales [n, T, n_hblk, D / 64] f32.
-#ifndef SA90_BWD_DET_F16
-#define SA90_BWD_DET_F16 0
-#endif
-// SA90_BWD_DET_SECTORS=1 (default since v22; bwd_reduce.cu reads the same define): each
-// 64-column chunk in 16-byte units u = 4 k + c4 (k: the thread's first or second 16
-// bytes, n8 tiles 4 k .. 4 k + 3), so each of a thread's two stores writes 64 contiguous
-// bytes of its row with its quad (two whole 32-byte sectors) instead of four half sectors
-// (v22 call 1, H200: S=16384 14.27 -> 13.98-14.00 ms, S=4096 3.097-3.103 -> 3.027-3.034).
-// 0: units u = 2 c4 + k (a thread's 32 bytes contiguous).
-#ifndef SA90_BWD_DET_SECTORS
-#define SA90_BWD_DET_SECTORS 1
-#endif
-// SA90_BWD_DET_LINES=1 (default since v22; needs SA90_BWD_DET_SECTORS=1): the lanes of
-// quads q and q ^ 1 (key rows r and r ^ 1) trade one 16-byte unit of each row, so that
-// each store instruction writes 4 whole 128-byte row chunks (the even quad units 0-3, the
-// odd one units 4-7 of one row) instead of 8 half chunks: half the L2 write requests, as
-// the atomic flush's 4 x 128 B. The stored layout is the same (v22 call 3, H200: S=16384
-// 12.95 -> 12.74-12.77 ms). 0 (and the default under SA90_BWD_DET_SECTORS=0): each lane
-// its own row's units.
-#ifndef SA90_BWD_DET_LINES
-#define SA90_BWD_DET_LINES SA90_BWD_DET_SECTORS
-#endif
-static_assert(SA90_BWD_DET_LINES == 0 || SA90_BWD_DET_SECTORS == 1, "SA90_BWD_DET_LINES stores the SA90_BWD_DET_SECTORS layout");
-// SA90_BWD_DET_BF16=1 (bwd_reduce.cu and the launcher read the same define): the 16-bit
-// rows as bf16 values alone, no max, no scale (2 D bytes a contribution instead of 2 D + D /
-// 16; the flush's max, shuffles, reciprocal and scale stores gone). Error
-// (research/sa_det_f16_emulate.py, v21): the summed dkv 1.7e-3 relative Frobenius (fp16
-// with scales: 1.9e-4), the bf16 dkv returned 2.35e-3 (1.67e-3); SPEC's bound 5e-3;
-// `dsv4 check` 2.92e-3 against 2.40e-3 (v23). H200 (v23, call 2, with the v23 waves):
-// S=16384 11.35-11.42 against 11.41-11.42 ms, S=4096 2.482-2.483 against 2.508-2.510: not
-// worth its precision. 0 (default): fp16 with scales.
-#ifndef SA90_BWD_DET_BF16
-#define SA90_BWD_DET_BF16 0
-#endif
-// SA90_BWD_DET_RCP=1 (default since v22): the 16-bit flush's 1 / scale by rcp.approx (one
-// MUFU op) instead of an IEEE division (the decode multiplies by the scale itself, so the
-// quotient's last bit does not matter; v22 call 2, H200: S=16384 13.16-13.18 -> 12.96-12.99
-// ms, S=4096 2.875-2.885 -> 2.817-2.822); 0: the division.
-#ifndef SA90_BWD_DET_RCP
-#define SA90_BWD_DET_RCP 1
-#endif
+// The deterministic mode's 16-bit rows: each slot's contribution, per 64-column chunk, as
+// fp16(c / s) with s = the chunk row's max |c| (f32), scale by rcp.approx (the decode
+// multiplies by s itself, so the quotient's last bit does not matter). Layout (the wave's
+// n = gridDim.x rows): contributions [n, T, n_hblk, D] fp16, each 64-column chunk in
+// 16-byte units u = 4 k + c4 (quad lane c4, n8 tiles 4 k .. 4 k + 3, column 8 j + 2 c4 + e
+// at position 8 u + 2 (j % 4) + e), so a quad's store writes whole 32-byte sectors; then
+// the scales [n, T, n_hblk, D / 64] f32. bwd_reduce.cu's sparse_attn_inv_reduce_f16 reads
+// this layout.
 
 namespace {
 constexpr int kD = 512;                  // head dim
@@ -186,10 +111,7 @@ constexpr int kBlockBytes = 8 * kGroupBytes;  // [32 x 512] bf16
 // The ring holds the pair's two blocks interleaved as one [64 keys x 512] SW128 tile: block
 // bb in rows 32 bb.. (at kv_base + bb * kRingBlockBytes), the 64-column groups 64 rows x
 // 128 B apart (kRingGroupBytes), so S and dP of the pair are one m64n64k16 each a k-step,
-// reading Q / dO once for 64 keys: 4 instead of 6 KiB of shared memory a k-step pair and 32
-// instead of 64 wgmma against two [32 x 512] blocks with m64n32k16 products of each (H200,
-// v27 call 2: atomic S=4096 1.893 / 1.895 -> 1.764 / 1.761 ms, S=16384 8.85 / 8.71 ->
-// 8.24 / 8.31; deterministic 2.483 / 2.480 -> 2.347 / 2.344, 11.44 / 11.48 -> 10.88 / 10.90).
+// reading Q / dO once for 64 keys.
 constexpr int kRingBlockBytes = kBN * 128;
 constexpr int kRingGroupBytes = kPair * 128;
 constexpr int kTileBytes = 64 * 128;     // [64 x 64] bf16 SW128: dS, P^T, dS^T
@@ -228,70 +150,21 @@ __device__ __forceinline__ void stsm_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, 
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
 }
 
-// SA90_BWD_C0_CHUNKS=N: consumer 0 also takes dKV chunks 0..N-1 (after its dq products;
-// one accumulator set, each chunk flushed before the next is issued), so 8 warps instead of
-// 4 issue reductions part of the time (the L2 probe's 3.4-3.6 TB/s used 8 warps an SM;
-// consumer 1 alone reached 2.7 TB/s without products, v16). The launcher's choice: 2 for
-// the atomic mode and the deterministic mode's 16-bit rows since the pair's m64n64 S and dP
-// shortened consumer 0's (v27 calls 4-5, H200, against 3: atomic S=4096 1.750-1.759 vs
-// 1.763-1.766 ms, S=16384 8.31-8.40 vs 8.32-8.53; deterministic -0.1 to -0.4 %; 4: +5 %);
-// before it 3 (H200 v16 call 5: S=16384 9.16-9.18 -> 8.96-9.00 ms, S=4096 1.953-1.957
-// -> 1.902-1.904 with N = 2; N = 1: 8.97 / 1.913; v17 call 1, N = 2 / 3 / 4: S=4096
-// 1.896-1.898 / 1.884-1.887 / 2.002-2.004, S=16384 8.71-8.77 / 8.72-8.79 / 9.05-9.08;
-// v21, 16-bit rows: S=16384 14.42-14.49 -> 14.19-14.29, S=4096 3.177-3.198 -> 3.125-3.146);
-// 0 for the f32 rows (SA90_BWD_DET_F16=0: 18.54-18.57 -> 18.74 with N = 2, 18.63 with N = 1).
-#ifndef SA90_BWD_C0_CHUNKS
-#define SA90_BWD_C0_CHUNKS 0
-#endif
-
-// 0 when the backward diagnostic `which` (DSV4_SA90_BWD_DIAG = 4, 5, 6) turns a store off:
-// false only at run time (smem_bytes > 0 always holds), so the arithmetic feeding the
-// store stays in the SASS.
-__device__ __forceinline__ u32 diag_keep(const SparseAttnBwdParams& p, int which) {
-    return (DSV4_SA90_BWD_DIAG == which && p.smem_bytes > 0) ? 0u : 1u;
-}
-
-// DSV4_SA90_BWD_DIAG=7: a chunk's flush replaced by a sum of its accumulators and one store
-// that is off at run time (the products stay, the flush's arithmetic and memory go).
-template <int NA>
-__device__ __forceinline__ void diag_flush_sink(const SparseAttnBwdParams& p, const float (&acc)[NA]) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NA; ++i) sum += acc[i];
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\n@q st.global.f32 [%0], %2;\n}\n" ::"l"(p.dkv), "r"(diag_keep(p, 7)), "f"(sum) : "memory");
-}
-
-// SA90_BWD_ATOMIC=1 (the launcher's choice for the atomic mode): the kernel is compiled for
-// that mode alone, so each 16-byte vector of the f32 flush is one predicated reduction
-// instead of a reduction and a streaming store chosen at run time by p.deterministic
-// (three setp and two predicated memory instructions). 0: either mode at run time (the
-// deterministic f32 rows, SA90_BWD_DET_F16=0, and to compare).
-#ifndef SA90_BWD_ATOMIC
-#define SA90_BWD_ATOMIC 0
-#endif
-static_assert(SA90_BWD_ATOMIC == 0 || SA90_BWD_DET_F16 == 0, "SA90_BWD_ATOMIC: the atomic mode has no 16-bit rows");
-
-// SA90_BWD_COL_HALVES=1 (the default since v31: -1.0 % atomic / -1.0 % deterministic at
-// S=16384, -1.1 % / -1.6 % at 4096): the ring's two buffers are the pair tile's column
-// halves (columns 0-255 / 256-511 of its 64 keys; gather_pair_halves) instead of its two
-// 32-key blocks: half 0 is refilled once consumer 0's dq products are done (it alone reads
-// it after S and dP), half 1 once consumer 1's are, and consumer 0's S and dP of the next
-// pair start on columns 0-255 while 256-511 land. 0: blocks, each freed by both consumers
-// (v16-v30; DSV4_SA90_BWD_DIAG=9 needs it).
-#ifndef SA90_BWD_COL_HALVES
-#define SA90_BWD_COL_HALVES 1
-#endif
-static_assert(SA90_BWD_COL_HALVES == 0 || DSV4_SA90_BWD_DIAG != 9, "DSV4_SA90_BWD_DIAG=9 reduces per block of the ring");
+// Consumer 0 also takes dKV chunks 0 .. kC0Chunks - 1 (after its dq products; one
+// accumulator set, each chunk flushed before the next is issued), so 8 warps instead of 4
+// issue reductions part of the time.
 
 // Named barriers between the consumers (1: both, 3 + c: consumer c alone).
 constexpr int kBarTilesReady = 6;  // consumer 0 -> 1: the pair's dS, P^T, dS^T tiles are written
 constexpr int kBarTilesFree = 7;   // consumer 1 -> 0: its last dKV products have read them
 
-// Where key row r of pair `it` goes: the f32 dkv row of its key (atomic) or the row's
-// contribution slot (deterministic).
+// Where key row r of pair `it` goes: the row's contribution entry (deterministic) or the
+// f32 dkv row of its key (atomic; flush_chunk's destination). flush_chunk_f16 addresses the
+// contribution rows itself (det_entry).
+template <bool DET>
 __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int local, int it, int r, int n_hblk, int hb, int b, int fkey) {
-    return (SA90_BWD_ATOMIC == 0 && p.deterministic) ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb) * kD
-                           : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
+    return (DET && p.deterministic) ? p.dkv + ((static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb) * kD
+                                     : p.dkv + (static_cast<i64>(b) * p.K + max(fkey, 0)) * kD;
 }
 
 // The dKV flush layout: the f32 columns permuted within each group of 16 (column
@@ -305,161 +178,113 @@ __device__ __forceinline__ float* flush_row(const SparseAttnBwdParams& p, int lo
 // instruction writes both groups of the even quad's row, the next both of the odd quad's.
 // row_a / row_b, on_a / on_b: the rows and predicates of those two instructions (the
 // partner's shuffled once a pair); `col` = the chunk's first column + 4 c4.
-// Atomic: red.global.add.v4.f32 (each element's add atomic on its own, no ordering
-// implied); deterministic: streaming stores (read once, by bwd_reduce.cu).
-// History (H200, S=16384): the permuted layout took the atomic backward from 10.29 to
-// 9.63 ms against quads of the natural layout (v14); 4 x 128 B lost against 8 x 64 B
-// (each lane's own vectors, no shuffles) while both consumers flushed (v13-v14: 10.11 vs
-// 9.63) and won once one consumer does all flushing (v16: 9.44-9.47 -> 8.95-9.06; the L2
-// reduction probe, v13: 3.43 vs 2.87 TB/s at one CTA an SM with the gathers).
-// (Measured and dropped, v23: an L2 evict_last policy on these reductions, to keep the
-// 42 MB accumulator resident: 8.90-8.92 against 8.93-8.94 ms at S=16384, noise.)
+// Each vector is one red.global.add.v4.f32 (each element's add atomic on its own, no
+// ordering implied).
 template <int NA>
-__device__ __forceinline__ void flush_chunk(const SparseAttnBwdParams& p, const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
-    if constexpr (DSV4_SA90_BWD_DIAG == 7 || DSV4_SA90_BWD_DIAG == 9) {
-        diag_flush_sink(p, acc);
-    } else {
+__device__ __forceinline__ void flush_chunk(const float (&acc)[NA], float* const (&row_a)[2], float* const (&row_b)[2], const u32 (&on_a)[2], const u32 (&on_b)[2], bool odd, int col) {
 #pragma unroll
-        for (int m = 0; m < NA / 8; m += 2) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-                const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
-                const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
-                const float4 send = odd ? a : c;
-                float4 recv;
-                recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
-                recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
-                recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
-                recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
-                // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
-                // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
-                const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
-                const int gcol = col + 16 * (m + (odd ? 1 : 0));
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const float4 v = k ? v2 : v1;
-                    float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
-                    const u32 on = k ? on_b[rr] : on_a[rr];
-                    // Predicated in the PTX rather than under an `if`: with a divergent branch
-                    // between a wgmma's issue and its wait ptxas serialized the products (C7518).
-                    if constexpr (SA90_BWD_ATOMIC != 0 && DSV4_SA90_BWD_DIAG == 8) {
-                        // Diagnostic: the same vectors as plain stores (L2 writes, no reduction).
-                        asm volatile(
-                            "{\n.reg .pred q;\n"
-                            "setp.ne.b32 q, %5, 0;\n"
-                            "@q st.global.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
-                    } else if constexpr (SA90_BWD_ATOMIC != 0) {
-                        asm volatile(
-                            "{\n.reg .pred q;\n"
-                            "setp.ne.b32 q, %5, 0;\n"
-                            "@q red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
-                    } else {
-                        asm volatile(
-                            "{\n.reg .pred q, d, a;\n"
-                            "setp.ne.b32 q, %5, 0;\n"
-                            "setp.ne.and.b32 d, %6, 0, q;\n"
-                            "setp.eq.and.b32 a, %6, 0, q;\n"
-                            "@d st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                            "@a red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
-                            "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on), "r"(static_cast<u32>(p.deterministic)) : "memory");
-                    }
-                }
-            }
-        }
-    }
-}
-
-// The deterministic flush in 16 bits (SA90_BWD_DET_F16): chunk `chunk` of the
-// contribution rows e0, e1 (entry (local row, slot) * n_hblk + hb of this thread's key
-// rows r0, r1; on0 / on1: valid slots). The quad's four lanes hold a key row's 64 columns:
-// its max |c| by two shuffles, then each lane stores its 16 values scaled to [-1, 1] as
-// fp16 (32 contiguous bytes) and lane 0 the scale.
-__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
-    if constexpr (DSV4_SA90_BWD_DIAG == 7 || DSV4_SA90_BWD_DIAG == 9) {
-        diag_flush_sink(p, acc);
-    } else {
-        unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
-        [[maybe_unused]] float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
+    for (int m = 0; m < NA / 8; m += 2) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-            float mx = 0.0f;
-            u32 h[kDkvN / 8];
-            if constexpr (SA90_BWD_DET_BF16 != 0) {
+            const float4 a = make_float4(acc[8 * m + 2 * rr], acc[8 * m + 2 * rr + 1], acc[8 * m + 4 + 2 * rr], acc[8 * m + 4 + 2 * rr + 1]);
+            const float4 c = make_float4(acc[8 * m + 8 + 2 * rr], acc[8 * m + 8 + 2 * rr + 1], acc[8 * m + 12 + 2 * rr], acc[8 * m + 12 + 2 * rr + 1]);
+            const float4 send = odd ? a : c;
+            float4 recv;
+            recv.x = __shfl_xor_sync(DSV4_FULL_MASK, send.x, 4);
+            recv.y = __shfl_xor_sync(DSV4_FULL_MASK, send.y, 4);
+            recv.z = __shfl_xor_sync(DSV4_FULL_MASK, send.z, 4);
+            recv.w = __shfl_xor_sync(DSV4_FULL_MASK, send.w, 4);
+            // The even quad's row: even lanes group m (own), odd lanes group m + 1 (received);
+            // then the odd quad's row: even lanes group m (received), odd lanes group m + 1 (own).
+            const float4 v1 = odd ? recv : a, v2 = odd ? c : recv;
+            const int gcol = col + 16 * (m + (odd ? 1 : 0));
 #pragma unroll
-                for (int j = 0; j < kDkvN / 8; ++j) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(acc[4 * j + 2 * rr + 1]), "f"(acc[4 * j + 2 * rr]));
-            } else {
-#pragma unroll
-                for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
-                mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
-                // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
-                float inv = 0.0f;
-                if constexpr (SA90_BWD_DET_RCP != 0) {
-                    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv) : "f"(mx));
-                    inv = mx >= 1.17549435e-38f ? inv : 0.0f;
-                } else {
-                    inv = mx >= 1.17549435e-38f ? 1.0f / mx : 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < kDkvN / 8; ++j) {
-                    const float x = acc[4 * j + 2 * rr] * inv, y = acc[4 * j + 2 * rr + 1] * inv;
-                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(y), "f"(x));  // x in the low half
-                }
-            }
-            const i64 e = rr ? e1 : e0;
-            const u32 on = (rr ? on1 : on0) & diag_keep(p, 6);
-            if constexpr (SA90_BWD_DET_LINES != 0) {
-                // Even quad: unit c4 of its own row (h[0..3]), then unit c4 of the odd row
-                // (received); odd quad: unit 4 + c4 of the even row (received), then of its own
-                // row (h[4..7]). Key row r ^ 1's entry is e -+ n_hblk.
-                const bool odd = (threadIdx.x >> 2) & 1;
-                const u32 s0 = odd ? h[0] : h[4], s1 = odd ? h[1] : h[5], s2 = odd ? h[2] : h[6], s3 = odd ? h[3] : h[7];
-                const u32 r0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 4), r1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 4);
-                const u32 r2 = __shfl_xor_sync(DSV4_FULL_MASK, s2, 4), r3 = __shfl_xor_sync(DSV4_FULL_MASK, s3, 4);
-                const u32 pon = __shfl_xor_sync(DSV4_FULL_MASK, on, 4);
-                const i64 e_pair = odd ? e - static_cast<i64>(gridDim.y) : e + static_cast<i64>(gridDim.y);
-                const i64 e_even = odd ? e_pair : e, e_odd = odd ? e : e_pair;
-                const int unit = odd ? 32 + 8 * c4 : 8 * c4;  // in fp16 values
-                unsigned short* const dst_even = vals + e_even * kD + chunk * kDkvN + unit;
-                unsigned short* const dst_odd = vals + e_odd * kD + chunk * kDkvN + unit;
-                const u32 a0 = odd ? r0 : h[0], a1 = odd ? r1 : h[1], a2 = odd ? r2 : h[2], a3 = odd ? r3 : h[3];
-                const u32 b0 = odd ? h[4] : r0, b1 = odd ? h[5] : r1, b2 = odd ? h[6] : r2, b3 = odd ? h[7] : r3;
-                asm volatile(
-                    "{\n.reg .pred q, w;\n"
-                    "setp.ne.b32 q, %10, 0;\n"
-                    "setp.ne.b32 w, %11, 0;\n"
-                    "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
-                    "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
-                    "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
-            } else {
-                // The thread's two 16-byte units: 2 c4 and 2 c4 + 1, or (SA90_BWD_DET_SECTORS) c4 and 4 + c4.
-                unsigned short* dst = vals + e * kD + chunk * kDkvN + (SA90_BWD_DET_SECTORS ? 8 : 16) * c4;
-                constexpr int kSecond = SA90_BWD_DET_SECTORS ? 64 : 16;  // bytes from the first unit
+            for (int k = 0; k < 2; ++k) {
+                const float4 v = k ? v2 : v1;
+                float* ptr = (k ? row_b[rr] : row_a[rr]) + gcol;
+                const u32 on = k ? on_b[rr] : on_a[rr];
+                // Predicated in the PTX rather than under an `if`: with a divergent branch
+                // between a wgmma's issue and its wait ptxas serialized the products (C7518).
                 asm volatile(
                     "{\n.reg .pred q;\n"
-                    "setp.ne.b32 q, %9, 0;\n"
-                    "@q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n"
-                    "@q st.global.cs.v4.b32 [%0+%10], {%5, %6, %7, %8};\n}\n" ::"l"(dst),
-                    "r"(h[0]), "r"(h[1]), "r"(h[2]), "r"(h[3]), "r"(h[4]), "r"(h[5]), "r"(h[6]), "r"(h[7]), "r"(on), "n"(kSecond) : "memory");
-            }
-            if constexpr (SA90_BWD_DET_BF16 == 0) {
-                asm volatile(
-                    "{\n.reg .pred q;\n"
-                    "setp.ne.b32 q, %2, 0;\n"
-                    "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0) & diag_keep(p, 5)) : "memory");
+                    "setp.ne.b32 q, %5, 0;\n"
+                    "@q red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+                    "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(on) : "memory");
             }
         }
     }
 }
 
-// q_map, do_map: the TMA maps of q and dout (SA90_BWD_QDO_TMA=1); zeros (unread) with
-// SA90_BWD_QDO_TMA=0.
+// The deterministic flush in 16 bits: chunk `chunk` of the contribution rows e0, e1
+// (entry (local row, slot) * n_hblk + hb of this thread's key rows r0, r1; on0 / on1:
+// valid slots). The quad's four lanes hold a key row's 64 columns: its max |c| by two
+// shuffles, then each lane scales its 16 values to [-1, 1] as fp16, and lane 0 stores the
+// scale. The lanes of quads q and q ^ 1 (key rows r and r ^ 1) trade one 16-byte unit of
+// each row, so that each store instruction writes 4 whole 128-byte row chunks (the even
+// quad units 0-3, the odd one units 4-7 of one row): half the L2 write requests of each
+// lane storing its own row's units, the same stored layout.
+__device__ __forceinline__ void flush_chunk_f16(const SparseAttnBwdParams& p, const float (&acc)[kDkvN / 2], i64 e0, i64 e1, u32 on0, u32 on1, int chunk, int c4) {
+    unsigned short* const vals = reinterpret_cast<unsigned short*>(p.dkv);
+    float* const scales = reinterpret_cast<float*>(vals + static_cast<i64>(gridDim.x) * p.T * gridDim.y * kD);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        float mx = 0.0f;
+        u32 h[kDkvN / 8];
+#pragma unroll
+        for (int j = 0; j < kDkvN / 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(acc[4 * j + 2 * rr]), fabsf(acc[4 * j + 2 * rr + 1])));
+        mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(DSV4_FULL_MASK, mx, 2));
+        // (A row below the smallest normal f32 is stored as zeros: 1 / mx would overflow.)
+        float inv = 0.0f;
+        asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(inv) : "f"(mx));
+        inv = mx >= 1.17549435e-38f ? inv : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kDkvN / 8; ++j) {
+            const float x = acc[4 * j + 2 * rr] * inv, y = acc[4 * j + 2 * rr + 1] * inv;
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h[j]) : "f"(y), "f"(x));  // x in the low half
+        }
+        const i64 e = rr ? e1 : e0;
+        const u32 on = rr ? on1 : on0;
+        // Even quad: unit c4 of its own row (h[0..3]), then unit c4 of the odd row
+        // (received); odd quad: unit 4 + c4 of the even row (received), then of its own
+        // row (h[4..7]). Key row r ^ 1's entry is e -+ n_hblk.
+        const bool odd = (threadIdx.x >> 2) & 1;
+        const u32 s0 = odd ? h[0] : h[4], s1 = odd ? h[1] : h[5], s2 = odd ? h[2] : h[6], s3 = odd ? h[3] : h[7];
+        const u32 r0 = __shfl_xor_sync(DSV4_FULL_MASK, s0, 4), r1 = __shfl_xor_sync(DSV4_FULL_MASK, s1, 4);
+        const u32 r2 = __shfl_xor_sync(DSV4_FULL_MASK, s2, 4), r3 = __shfl_xor_sync(DSV4_FULL_MASK, s3, 4);
+        const u32 pon = __shfl_xor_sync(DSV4_FULL_MASK, on, 4);
+        const i64 e_pair = odd ? e - static_cast<i64>(gridDim.y) : e + static_cast<i64>(gridDim.y);
+        const i64 e_even = odd ? e_pair : e, e_odd = odd ? e : e_pair;
+        const int unit = odd ? 32 + 8 * c4 : 8 * c4;  // in fp16 values
+        unsigned short* const dst_even = vals + e_even * kD + chunk * kDkvN + unit;
+        unsigned short* const dst_odd = vals + e_odd * kD + chunk * kDkvN + unit;
+        const u32 a0 = odd ? r0 : h[0], a1 = odd ? r1 : h[1], a2 = odd ? r2 : h[2], a3 = odd ? r3 : h[3];
+        const u32 b0 = odd ? h[4] : r0, b1 = odd ? h[5] : r1, b2 = odd ? h[6] : r2, b3 = odd ? h[7] : r3;
+        asm volatile(
+            "{\n.reg .pred q, w;\n"
+            "setp.ne.b32 q, %10, 0;\n"
+            "setp.ne.b32 w, %11, 0;\n"
+            "@q st.global.cs.v4.b32 [%0], {%2, %3, %4, %5};\n"
+            "@w st.global.cs.v4.b32 [%1], {%6, %7, %8, %9};\n}\n" ::"l"(dst_even), "l"(dst_odd),
+            "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(odd ? pon : on), "r"(odd ? on : pon) : "memory");
+        asm volatile(
+            "{\n.reg .pred q;\n"
+            "setp.ne.b32 q, %2, 0;\n"
+            "@q st.global.cs.f32 [%0], %1;\n}\n" ::"l"(scales + e * (kD / kDkvN) + chunk), "f"(mx), "r"((rr ? on1 : on0) & static_cast<u32>(c4 == 0)) : "memory");
+    }
+}
+
+// q_map, do_map: the TMA maps of q and dout (SA90_BWD_QDO_TMA=1); zeros (unread) otherwise.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(const SparseAttnBwdParams p, const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc do_map) {
+    // The launcher's defines (see the header), as local constants: NVRTC emits namespace-scope
+    // ones as unused global data.
+    constexpr bool kDet = SA90_BWD_DET != 0;
+    constexpr int kC0Chunks = SA90_BWD_C0_CHUNKS;
+    static_assert(kC0Chunks >= 0 && kC0Chunks <= 7, "SA90_BWD_C0_CHUNKS: 0..7");
+    constexpr bool kQdoTma = SA90_BWD_QDO_TMA != 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90BwdSmemBytes) __trap();  // the launcher's layout disagrees with this one
-    if (SA90_BWD_ATOMIC != 0 && p.deterministic) __trap();  // compiled for the atomic mode alone
+    if (!kDet && p.deterministic) __trap();  // compiled for the atomic mode alone
     unsigned char* smem = align_1024(smem_raw);
     const u32 q_base = smem_u32(smem + kQOff);
     const u32 do_base = smem_u32(smem + kDoOff);
@@ -472,9 +297,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     float* delta_s = reinterpret_cast<float*>(smem + kDeltaOff);
     int* flag_s = reinterpret_cast<int*>(smem + kFlagOff);
     u64* qdo_bar = reinterpret_cast<u64*>(smem + kBarOff);
-    u64* ready_bar = qdo_bar + 1;  // [buffer]: the producer's 128 threads
-    u64* free_bar = qdo_bar + 3;   // [buffer]: the consumers that read it last (halves: one's 128 threads; blocks: both, 256)
-    u64* keys_bar = qdo_bar + 5;   // [buffer]: the producer's key writers
+    u64* ready_bar = qdo_bar + 1;  // [half]: the producer's 128 threads
+    u64* free_bar = qdo_bar + 3;   // [half]: the consumer that reads it last (its 128 threads)
+    u64* keys_bar = qdo_bar + 5;   // [block of the pair]: the producer's key writers
 
     const int tid = threadIdx.x;
     const int wg = tid / 128, wtid = tid % 128;
@@ -487,14 +312,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const int n_iters = (n_slots + kPair - 1) / kPair;  // a pair of blocks each
 
     if (tid == 0) {
-        mbar_init(qdo_bar, SA90_BWD_QDO_TMA ? 1 : 128);
+        mbar_init(qdo_bar, kQdoTma ? 1 : 128);
         for (int i = 0; i < kNBuf; ++i) {
             mbar_init(ready_bar + i, 128);
-            mbar_init(free_bar + i, SA90_BWD_COL_HALVES ? 128 : 256);
+            mbar_init(free_bar + i, 128);
             mbar_init(keys_bar + i, sa90::kKeyWriters);
         }
         *flag_s = 0;
-        if constexpr (SA90_BWD_QDO_TMA != 0) tma::fence_barrier_init();  // the TMA unit completes bytes on qdo_bar
+        if constexpr (kQdoTma) tma::fence_barrier_init();  // the TMA unit completes bytes on qdo_bar
     }
     __syncthreads();
 
@@ -504,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
         const i64 bias = b * p.idx_bias;
         const bf16* kv_b = p.kv + b * p.kv_sb;
-        if constexpr (SA90_BWD_QDO_TMA != 0) {
+        if constexpr (kQdoTma) {
             if (wtid == 0) {
                 const u32 bar = smem_u32(qdo_bar);
                 tma::arrive_expect_tx(bar, 16 * kQGroupBytes);
@@ -520,12 +345,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             sa90::producer_handoff(qdo_bar);
         }
         const sa90::SlotSource src{p.idx, idx_row, p.idx_st, bias, p.idx_is_i64, n_slots, p.K, kv_b, p.kv, p.kv_sk};
-        if constexpr (SA90_BWD_COL_HALVES != 0) {
-            sa90::gather_pair_halves<kRingGroupBytes>(src, n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
-        } else {
-            sa90::gather_blocks<kNBuf, kRingBlockBytes, kRingGroupBytes>(src, 2 * n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid,
-                                                                         DSV4_SA90_BWD_DIAG == 9 ? p.dkv + static_cast<i64>(b) * p.K * kD : nullptr);
-        }
+        sa90::gather_pair_halves<kRingGroupBytes, kDet>(src, n_iters, kv_base, keys_s, reinterpret_cast<int*>(smem + kRowKeysOff), ready_bar, keys_bar, free_bar, wtid);
         return;
     }
 
@@ -545,11 +365,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
         float acc = 0.0f;
         if (h < p.H) {
             const bf16* orow = p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
-            // out's 16 loads all issued first (one round of DRAM latency; with 4 in flight,
-            // before v29, four), dout from the dO tile once the Q/dO barrier completes (v29,
-            // H200, atomic S=16384: 8.11 / 8.12 / 8.09 / 8.08 against 8.29 / 8.21 / 8.13 /
-            // 8.12 ms reading both from global memory, 4 in flight). The sum's order is
-            // the same.
+            // out's 16 loads all issued first (one round of DRAM latency), dout from the dO
+            // tile once the Q/dO barrier completes.
             uint4 ou[kD / 32], du[kD / 32];
 #pragma unroll
             for (int i = 0; i < kD / 32; ++i) {
@@ -592,35 +409,29 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 
     const u64 qd0 = sw128_desc(q_base, 16, 1024), dod0 = sw128_desc(do_base, 16, 1024);
     for (int it = 0; it < n_iters; ++it) {
-        const u32 par = it & 1;  // the ready phase of both buffers in this iteration
-        // SA90_BWD_DET_F16: the contribution entry of key row r of this pair.
+        const u32 par = it & 1;  // the ready phase of both halves in this iteration
+        // Deterministic: the contribution entry of key row r of this pair.
         [[maybe_unused]] auto det_entry = [&](int r) -> i64 { return (static_cast<i64>(local) * p.T + it * kPair + r) * n_hblk + hb; };
         if (cw == 0) {
             // S = Q K^T, dP = dO K^T of both blocks (keys 32 bb.. of the pair).
             // (block bb's columns are n8 tiles 4 bb.. of the m64n64 accumulators: sc[16 bb + i])
             float sc[32], dp[32];
             const u64 kd0 = sw128_desc(kv_base, 16, 1024);
-            // With SA90_BWD_COL_HALVES, columns 0-255 (ring half 0) as soon as they land,
-            // then 256-511; else one wait for both blocks and one group of 32 k-steps.
+            // Columns 0-255 (ring half 0) as soon as they land, then 256-511.
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                if (SA90_BWD_COL_HALVES != 0 || hh == 0) {
-                    mbar_wait(ready_bar + hh, par);
-                    if constexpr (SA90_BWD_COL_HALVES == 0) mbar_wait(ready_bar + 1, par);
-                    sa90::consumer_after_ready();
-                    wgmma_fence();
-                }
+                mbar_wait(ready_bar + hh, par);
+                sa90::consumer_after_ready();
+                wgmma_fence();
 #pragma unroll
                 for (int k = 0; k < 16; ++k) {
                     const int ks = 16 * hh + k;
                     const u32 qo = (ks / 4) * kQGroupBytes + (ks % 4) * 32;
                     const u32 ko = (ks / 4) * kRingGroupBytes + (ks % 4) * 32;
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
-                        wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
-                    }
+                    wgmma_m64n64k16_ss<0>(sc, desc_advance(qd0, qo), desc_advance(kd0, ko), ks > 0);
+                    wgmma_m64n64k16_ss<0>(dp, desc_advance(dod0, qo), desc_advance(kd0, ko), ks > 0);
                 }
-                if (SA90_BWD_COL_HALVES != 0 || hh == 1) wgmma_commit();
+                wgmma_commit();
             }
             wgmma_wait<0>();
             fence_regs(sc);
@@ -676,16 +487,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const u64 kd = sw128_desc(kv_base + (kk / 2) * kRingBlockBytes, kRingGroupBytes, 1024);
-                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
+                wgmma_m64n256k16_rs<1>(dq, da[kk], desc_advance(kd, (kk % 2) * 2048), 1);
             }
             wgmma_commit();
-#if SA90_BWD_C0_CHUNKS > 0
-            {
+            if constexpr (kC0Chunks > 0) {
                 const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // read before this consumer frees the ring
-                float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
-                float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+                float* const d0 = flush_row<kDet>(p, local, it, r0, n_hblk, hb, b, fkey0);
+                float* const d1 = flush_row<kDet>(p, local, it, r1, n_hblk, hb, b, fkey1);
                 const bool odd = (g & 1) != 0;
-                const u32 on0 = fkey0 >= 0 && DSV4_SA90_BWD_DIAG != 3 && diag_keep(p, 4), on1 = fkey1 >= 0 && DSV4_SA90_BWD_DIAG != 3 && diag_keep(p, 4);
+                const u32 on0 = fkey0 >= 0, on1 = fkey1 >= 0;
                 float* const pd0 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d0), 4));
                 float* const pd1 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d1), 4));
                 const u32 pon0 = __shfl_xor_sync(DSV4_FULL_MASK, on0, 4), pon1 = __shfl_xor_sync(DSV4_FULL_MASK, on1, 4);
@@ -697,57 +507,51 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
                 const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
                 float acc[kDkvN / 2];
 #pragma unroll
-                for (int c = 0; c < SA90_BWD_C0_CHUNKS; ++c) {
+                for (int c = 0; c < kC0Chunks; ++c) {
                     const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
                     const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
                     wgmma_fence();
 #pragma unroll
                     for (int ks = 0; ks < 4; ++ks) {
-                        if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                            wgmma_m64n64k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                            wgmma_m64n64k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-                        }
+                        wgmma_m64n64k16_ss<1>(acc, desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                        wgmma_m64n64k16_ss<1>(acc, desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
                     }
                     wgmma_commit();
                     if (c == 0) {
                         wgmma_wait<1>();  // dq's products: the ring is read
                         fence_regs(dq);
                         mbar_arrive(free_bar + 0);
-                        if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 1);
                     }
                     wgmma_wait<0>();
                     fence_regs(acc);
-                    if constexpr (SA90_BWD_DET_F16) {
+                    if constexpr (kDet) {
                         flush_chunk_f16(p, acc, det_entry(r0), det_entry(r1), on0, on1, c, c4);
                     } else {
-                        flush_chunk(p, acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
+                        flush_chunk(acc, row_a, row_b, on_a, on_b, odd, kDkvN * c + 4 * c4);
                     }
                 }
+            } else {
+                wgmma_wait<0>();
+                fence_regs(dq);
+                mbar_arrive(free_bar + 0);
             }
-#else
-            wgmma_wait<0>();
-            fence_regs(dq);
-            mbar_arrive(free_bar + 0);
-            if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 1);
-#endif
         } else {
             named_sync(kBarTilesReady, 256);
-            // Done already (consumer 0 waited); orders the data for this thread. With
-            // SA90_BWD_COL_HALVES its dq reads half 1 alone, and half 0's barrier may be a
-            // phase further on (consumer 0 frees half 0 without this consumer).
-            if constexpr (SA90_BWD_COL_HALVES == 0) mbar_wait(ready_bar + 0, par);
+            // Done already (consumer 0 waited); orders the data for this thread. Its dq reads
+            // half 1 alone, and half 0's barrier may be a phase further on (consumer 0 frees
+            // half 0 without this consumer).
             mbar_wait(ready_bar + 1, par);
             sa90::consumer_after_ready();
             mbar_wait(keys_bar + 0, par);  // done already as well
             mbar_wait(keys_bar + 1, par);
             const int fkey0 = keys_s[r0], fkey1 = keys_s[r1];  // key rows r0, r1 of the pair
             any_valid |= fkey0 >= 0 || fkey1 >= 0;
-            float* const d0 = flush_row(p, local, it, r0, n_hblk, hb, b, fkey0);
-            float* const d1 = flush_row(p, local, it, r1, n_hblk, hb, b, fkey1);
+            float* const d0 = flush_row<kDet>(p, local, it, r0, n_hblk, hb, b, fkey0);
+            float* const d1 = flush_row<kDet>(p, local, it, r1, n_hblk, hb, b, fkey1);
             // The rows and predicates of the two instructions of each vector pair: a = the
             // even quad's rows, b = the odd quad's (flush_chunk).
             const bool odd = (g & 1) != 0;
-            const u32 on0 = fkey0 >= 0 && DSV4_SA90_BWD_DIAG != 3 && diag_keep(p, 4), on1 = fkey1 >= 0 && DSV4_SA90_BWD_DIAG != 3 && diag_keep(p, 4);
+            const u32 on0 = fkey0 >= 0, on1 = fkey1 >= 0;
             float* const pd0 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d0), 4));
             float* const pd1 = reinterpret_cast<float*>(__shfl_xor_sync(DSV4_FULL_MASK, reinterpret_cast<unsigned long long>(d1), 4));
             const u32 pon0 = __shfl_xor_sync(DSV4_FULL_MASK, on0, 4), pon1 = __shfl_xor_sync(DSV4_FULL_MASK, on1, 4);
@@ -762,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const u64 kd = sw128_desc(kv_base + (kk / 2) * kRingBlockBytes + 4 * kRingGroupBytes, kRingGroupBytes, 1024);
-                if constexpr (DSV4_SA90_BWD_DIAG != 2) wgmma_m64n256k16_ss<1>(dq, desc_advance(dsd, kk * 32), desc_advance(kd, (kk % 2) * 2048), 1);
+                wgmma_m64n256k16_ss<1>(dq, desc_advance(dsd, kk * 32), desc_advance(kd, (kk % 2) * 2048), 1);
             }
             wgmma_commit();
 
@@ -771,40 +575,37 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
             const u64 dstd = sw128_desc(dst_base, 16, 1024), ptd = sw128_desc(pt_base, 16, 1024);
             float acc[2][kDkvN / 2];
 #pragma unroll
-            for (int c = SA90_BWD_C0_CHUNKS; c < kD / kDkvN; ++c) {
+            for (int c = kC0Chunks; c < kD / kDkvN; ++c) {
                 const u64 qnd = sw128_desc(q_base + c * kQGroupBytes, kQGroupBytes, 1024);
                 const u64 donm = sw128_desc(do_base + c * kQGroupBytes, kQGroupBytes, 1024);
-                if (c > SA90_BWD_C0_CHUNKS) wgmma_fence();
+                if (c > kC0Chunks) wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < 4; ++ks) {
-                    if constexpr (DSV4_SA90_BWD_DIAG != 2) {
-                        wgmma_m64n64k16_ss<1>(acc[(c - SA90_BWD_C0_CHUNKS) % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
-                        wgmma_m64n64k16_ss<1>(acc[(c - SA90_BWD_C0_CHUNKS) % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
-                    }
+                    wgmma_m64n64k16_ss<1>(acc[(c - kC0Chunks) % 2], desc_advance(dstd, ks * 32), desc_advance(qnd, ks * 2048), ks > 0);
+                    wgmma_m64n64k16_ss<1>(acc[(c - kC0Chunks) % 2], desc_advance(ptd, ks * 32), desc_advance(donm, ks * 2048), 1);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the first chunk: dq's products (the ring is read); else chunk c - 1
-                if (c == SA90_BWD_C0_CHUNKS) {
+                if (c == kC0Chunks) {
                     fence_regs(dq);
-                    if constexpr (SA90_BWD_COL_HALVES == 0) mbar_arrive(free_bar + 0);
                     mbar_arrive(free_bar + 1);
                 } else {
-                    fence_regs(acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2]);
-                    if constexpr (SA90_BWD_DET_F16) {
-                        flush_chunk_f16(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
+                    fence_regs(acc[(c - 1 - kC0Chunks) % 2]);
+                    if constexpr (kDet) {
+                        flush_chunk_f16(p, acc[(c - 1 - kC0Chunks) % 2], det_entry(r0), det_entry(r1), on0, on1, c - 1, c4);
                     } else {
-                        flush_chunk(p, acc[(c - 1 - SA90_BWD_C0_CHUNKS) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
+                        flush_chunk(acc[(c - 1 - kC0Chunks) % 2], row_a, row_b, on_a, on_b, odd, kDkvN * (c - 1) + 4 * c4);
                     }
                 }
             }
             wgmma_wait<0>();
-            constexpr int kLast = (kD / kDkvN - 1 - SA90_BWD_C0_CHUNKS) % 2;
+            constexpr int kLast = (kD / kDkvN - 1 - kC0Chunks) % 2;
             fence_regs(acc[kLast]);
             named_arrive(kBarTilesFree, 256);  // the tiles are read
-            if constexpr (SA90_BWD_DET_F16) {
+            if constexpr (kDet) {
                 flush_chunk_f16(p, acc[kLast], det_entry(r0), det_entry(r1), on0, on1, kD / kDkvN - 1, c4);
             } else {
-                flush_chunk(p, acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
+                flush_chunk(acc[kLast], row_a, row_b, on_a, on_b, odd, kD - kDkvN + 4 * c4);
             }
         }
     }

@@ -21,36 +21,15 @@
 // Default arithmetic: exp2 on logits scaled by sm_scale*log2(e); SA_NATURAL_EXP=1
 // (reference_rounding): natural exp on logits scaled by sm_scale.
 //
-// dsv4-test-defines: SA_D=64 SA_HB=16 SA_BN=64 SA_DW=64
-// dsv4-test-defines: SA_D=128 SA_HB=64 SA_BN=64 SA_DW=128 SA_NATURAL_EXP=1
-// dsv4-test-defines: SA_D=256 SA_HB=32 SA_BN=64 SA_DW=128 SA_DEDUP=1
-// dsv4-test-defines: SA_D=448 SA_HB=32 SA_BN=64 SA_DW=64
-// dsv4-test-defines: SA_D=320 SA_HB=48 SA_BN=64 SA_DW=64
-// dsv4-test-defines: SA_D=512 SA_HB=16 SA_BN=64 SA_DW=128
-// dsv4-test-defines: SA_D=512 SA_HB=64 SA_BN=64 SA_DW=128
+// Defines (the launcher's, src/sparse_attention/tiles.rs, all required): SA_D (head dim, a
+// multiple of 64, <= 512), SA_HB (heads per CTA: 16, 32, 48 or 64), SA_BN (slots per tile:
+// 32 or 64), SA_DW (O columns per warp: 64 or 128, dividing SA_D), SA_NATURAL_EXP (0/1),
+// SA_DEDUP (0/1).
 
 #include "common.cuh"
 #include "sparse_attention/params.cuh"
 #include "sparse_attention/tile.cuh"
 
-#ifndef SA_D
-#define SA_D 512  // head dim, a multiple of 64, <= 512
-#endif
-#ifndef SA_HB
-#define SA_HB 64  // heads per CTA, a multiple of 16, <= 64
-#endif
-#ifndef SA_BN
-#define SA_BN 32  // slots per tile: 32 or 64
-#endif
-#ifndef SA_DW
-#define SA_DW 128  // O columns per warp: 64 or 128, dividing SA_D
-#endif
-#ifndef SA_NATURAL_EXP
-#define SA_NATURAL_EXP 0
-#endif
-#ifndef SA_DEDUP
-#define SA_DEDUP 0
-#endif
 
 using namespace dsv4;
 using namespace dsv4::sa;
@@ -81,13 +60,14 @@ static_assert((kDW == 64 || kDW == 128) && kD % kDW == 0, "SA_DW: 64 or 128, div
 static_assert(kThreads % kChunks == 0, "the gather assigns whole rows per pass");
 static_assert(kThreads <= 1024, "block size");
 
-#if SA_NATURAL_EXP
-__device__ __forceinline__ float exp_base(float x) { return expf(x); }
-constexpr float kLogScale = 1.0f;  // logits kept in natural-log units
-#else
-__device__ __forceinline__ float exp_base(float x) { return exp2f(x); }
-constexpr float kLogScale = kLog2e;  // logits kept in log2 units
-#endif
+__device__ __forceinline__ float exp_base(float x) {
+    if constexpr (SA_NATURAL_EXP != 0) {
+        return expf(x);
+    } else {
+        return exp2f(x);
+    }
+}
+constexpr float kLogScale = SA_NATURAL_EXP != 0 ? 1.0f : kLog2e;  // logits kept in natural-log or log2 units
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const SparseAttnFwdParams p) {
@@ -326,11 +306,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
             for (int n = 0; n < kDW / 8; ++n) *reinterpret_cast<u32*>(orow + n * 8) = pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
             if (wd == 0 && c4 == 0) {
                 const float m = half ? m1 : m0;
-#if SA_NATURAL_EXP
-                p.lse[row * p.H + h] = m + logf(l);
-#else
-                p.lse[row * p.H + h] = (m + log2f(l)) * kLn2;
-#endif
+                if constexpr (SA_NATURAL_EXP != 0) {
+                    p.lse[row * p.H + h] = m + logf(l);
+                } else {
+                    p.lse[row * p.H + h] = (m + log2f(l)) * kLn2;
+                }
             }
         }
     }

@@ -1,23 +1,20 @@
 // Sparse MQA attention with sinks, forward (SPEC.md section 1), Hopper path (sm_90a):
 // wgmma products fed by a producer warpgroup, for D = 512 and a block of 64 heads.
 // The running max is a chain between the two consumers, and each block's buffer goes back
-// to the producer as soon as both its P V products are done (docs/perf/LOG.md v12).
+// to the producer as soon as both its P V products are done.
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: DSV4_SA90_DIAG=5
-// dsv4-test-defines: SA90_PREFETCH=0
-// dsv4-test-defines: DSV4_SA90_DIAG=8
-// dsv4-test-defines: SA90_TRACE=1
-// dsv4-test-defines: SA90_CONSUMER_REGS=232 SA90_PRODUCER_REGS=40
-// dsv4-test-defines: SA90_Q_TMA=0
-// dsv4-test-defines: SA90_Q_TMA=0 SA90_TRACE=1
+//
+// Defines (the launcher's, src/sparse_attention/forward.rs): SA90_Q_TMA (1: the row's Q
+// tile by TMA through `q_map`; 0: by the producer's cp.async, where q cannot be mapped).
 //
 // One wave of CTAs (the launcher's grid: min(rows, SMs / head blocks) x head blocks), each
 // CTA taking query rows (b, s) = blockIdx.x, + gridDim.x, ... x 64 heads (the wgmma M;
 // heads >= H are zero rows that are never stored). The ring, its barriers' phases and the
-// chain run on across a CTA's rows (v17: H200 S=16384 2.63 -> 2.49 ms, S=4096 0.614 ->
-// 0.573, with the chain order below; one CTA a row measured 2.63 / 0.614). Three warpgroups:
-//   WG 0, producer: per row loads Q (by TMA from one thread, SA90_Q_TMA), then gathers
+// chain run on across a CTA's rows. Three warpgroups:
+//   WG 0, producer: per row loads Q (SA90_Q_TMA: eight TMA loads from one thread, one
+//        SW128 group of 64 heads x 64 columns each, heads >= H read as zeros, on the Q
+//        barrier with its bytes expected; else the 128 threads' cp.async), then gathers
 //        the row's slots in blocks of 64 keys with cp.async into two 64 KiB buffers
 //        (block 2i + c into buffer c; the rows of a block are K and V at once: MQA).
 //        Each buffer is two column halves L (columns 0-255) and R (256-511), each with a
@@ -26,6 +23,7 @@
 //        freed: 0 L, 1 R (early), 0 R, 1 L (late). The next row's Q goes in once buffer
 //        0 L's last free of a row completes (both consumers' last S done), so its copies
 //        and the next row's first blocks overlap the row's last products and epilogue.
+//        It also prefetches into L2 the Q tile and slot keys of its CTA's next row.
 //   WG 1 and WG 2, consumers c = 0, 1: consumer c owns block 2i + c of iteration i and
 //        O's columns [256c, 256c + 256) (128 f32 a thread). S_c = Q K_c^T (64 x 64, m64n64k16
 //        over D as two wgmma groups, one per column half: consumer 0 L first, consumer 1 R
@@ -40,10 +38,8 @@
 //         V1_L (A from shared memory), then buffer 1 L is freed;
 //     c1: (P0) O_R += P0 V0_R (A from shared memory); buffers 1 R, then 0 R are freed.
 //   This is FlashMLA's order: each buffer has a half freed early, on which the owner's next
-//   S starts. (With one CTA a row it measured 2.63 -> 2.82 ms, v17 call 1: the kernels of
-//   v12-v16 freed buffer 0 first and had consumer 1 wait for buffer 1 L an iteration.)
-//   Both consumers end the iteration at my; each issues its next S after the frees that
-//   the other consumer's next S needs (the end of the loop says in which order).
+//   S starts. Both consumers end the iteration at my; each issues its next S after the
+//   frees that the other consumer's next S needs (the end of the loop says in which order).
 // The sink starts the running max (m = sink, l = 1 counted once by consumer 0), so an
 // empty row ends with out = 0 and lse = sink, and |logits| ~ 1e4 never overflow; logits
 // are kept in log2 units (sm_scale * log2 e), lse is stored in natural log.
@@ -68,91 +64,7 @@ using dsv4::sa::kLog2e;
 using dsv4::sa::neg_inf;
 using dsv4::sa::slot_key;
 
-// Diagnostics for the bench only (results are wrong; default 0), a bit mask:
-// DSV4_SA90_DIAG & 1: the producer issues no K/V copies (its arrivals still complete every
-// hand-off): the time of the consumers alone (v8: 2.76 ms at S=16384 vs 3.56).
-// & 2: the consumers issue no wgmma (the softmax runs on stale registers): the time of the
-// producer's gather alone (v8: 2.77 ms).
-// & 4: the consumers skip the softmax arithmetic (no scale, mask, maxima, exp2, sums or
-// rescales: P = S as bf16, every barrier, store and hand-off kept): what that work costs
-// on the consumers' critical path; 5 = 1 + 4: the products and the hand-offs alone.
-// & 8: no iterations (rows without slots: no Q either; the epilogue and the launch alone).
-#ifndef DSV4_SA90_DIAG
-#define DSV4_SA90_DIAG 0
-#endif
-
-// SA90_PREFETCH=1 (default): the producer prefetches into L2 the Q tile and slot keys of
-// its CTA's next row (gather_sm90.cuh), so that row's pipeline fill reads L2 instead of
-// DRAM (v9, one CTA a row: 3.565 -> 3.361 ms at S=16384). 0 leaves it out (to compare).
-#ifndef SA90_PREFETCH
-#define SA90_PREFETCH 1
-#endif
-// The register split of setmaxnreg (2 x 128 consumer threads + 128 producer threads within
-// the 64 K registers of an SM): 224 / 56 (default since v13: the producer's copy loop has
-// room, 88 fewer instructions, no spills either side; H200 S=16384 without a plan 2.83-2.86
-// -> 2.70-2.72 ms, with one 2.86-2.91 -> 2.79-2.87, S=4096 with one 0.646-0.654 ->
-// 0.611-0.617); 232 / 40 before.
-#ifndef SA90_CONSUMER_REGS
-#define SA90_CONSUMER_REGS 224
-#endif
-#ifndef SA90_PRODUCER_REGS
-#define SA90_PRODUCER_REGS 56
-#endif
-static_assert(2 * 128 * SA90_CONSUMER_REGS + 128 * SA90_PRODUCER_REGS <= 65536, "setmaxnreg split beyond the register file");
-
-// SA90_Q_TMA=1: the producer's thread 0 loads a row's Q tile by eight TMA loads (one SW128
-// group of 64 heads x 64 columns each, heads >= H read as zeros) on the Q barrier (count 1,
-// its bytes expected); the launcher compiles it where q can be mapped (`q_map`, a 4D map
-// {512, H, S, B} of q) and passes zeros with SA90_Q_TMA=0: the 128 producer threads' 32
-// cp.async each (the v28 trace: ~6,400 cycles from the Q area's free to the Q barrier,
-// issued beside the consumers' output stores). v29, H200, S=16384 alternating rounds:
-// 2.3402 / 2.3444 / 2.3320 / 2.3378 ms against cp.async's 2.4017 / 2.4177 / 2.4427 (one
-// TMA round at 2.5063); the v29 trace: the first iteration's halves wait 140 cycles
-// instead of 370 / 1,200, as the gather starts ~1,800 cycles sooner.
-#ifndef SA90_Q_TMA
-#define SA90_Q_TMA 1
-#endif
-
-// SA90_TRACE=1 (bench only; lse is wrong): thread 0 of each warpgroup, for every 8th row,
-// records SM clock readings (clock64 mod 2^30, stored as the bits of an f32 so that they
-// survive as floats) into lse[row * H, (row + 8) * H) (512 slots at H = 64; no row's lse
-// is written): `dsv4 bench sparse-attention --fwd-only --trace-out FILE` saves lse after the
-// plan forward and research/sa90_trace.py reads it. Slots: "Trace slots" below.
-#ifndef SA90_TRACE
-#define SA90_TRACE 0
-#endif
-
 namespace {
-// Trace slots (a row's; its producer and consumers start it when the CTA's previous row is
-// still in flight): 0 smid, 1 producer's row start, 2 Q copies issued, 3 slot keys ready, 4/5 consumer
-// 0/1 Q ready, 6/7 loop done, 8/9 output stored, 10 n_iters, 11 producer done, 12 / 13
-// %globaltimer (ns) at 1 / 8 (the two clocks' ratio is the SM clock rate); producer
-// iteration it (< 14) step st: 16 + 8 it + 2 st (free wait done), + 1 (copies issued);
-// consumer c iteration it (< 16): 128 + 192 c + 12 it + e with e = 0 / 1 (S half 0: before /
-// after its ready wait), 2 / 3 (half 1), 4 S done, 5 keys ready, 6 max published, 7 own
-// P V issued, 8 buffer 0's half freed (consumer 0: P0 V0_L done, 1: P0 V0_R done), 9 the
-// chain's P hand-off done, 10 other P V issued, 11 iteration done.
-__device__ __forceinline__ void trace_put(const SparseAttnFwdParams& p, i64 row, int slot, u32 value) {
-    if constexpr (SA90_TRACE != 0) {
-        if (row % 8 == 0 && slot < 8 * p.H) p.lse[row * p.H + slot] = __uint_as_float(value);
-    }
-}
-__device__ __forceinline__ void trace_at(const SparseAttnFwdParams& p, i64 row, int slot) {
-    long long c;
-    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
-    trace_put(p, row, slot, static_cast<u32>(c) & 0x3fffffffu);
-}
-// The same with %globaltimer (ns), to convert clocks to time.
-__device__ __forceinline__ void trace_ns_at(const SparseAttnFwdParams& p, i64 row, int slot) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    trace_put(p, row, slot, static_cast<u32>(t) & 0x3fffffffu);
-}
-#define SA90_T(slot) \
-    do { \
-        if (SA90_TRACE != 0 && wtid == 0) trace_at(p, row, (slot)); \
-    } while (0)
-
 constexpr int kD = 512;                  // head dim
 constexpr int kHB = 64;                  // heads per CTA (wgmma M)
 constexpr int kBN = 64;                  // slots per block (one consumer's S columns)
@@ -251,7 +163,6 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
     if (n_iters > 0) mbar_wait(q_bar, x.kq & 1);
-    SA90_T(4 + cw);
     const u32 my_kv = kv_base + cw * kBlockBytes, other_kv = kv_base + (1 - cw) * kBlockBytes;
     const u64 qd = sw128_desc(q_base, 16, 1024);
     const u64 kd = sw128_desc(my_kv, 16, 1024);
@@ -266,16 +177,14 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     // its half landed.
     float sc[32];
     auto issue_s_half = [&](int it, int half) {
-        if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half);
         mbar_wait(ready_bar + cw * 2 + half, (g0 + it) & 1);
-        if (it < 16) SA90_T(128 + 192 * cw + 12 * it + 2 * half + 1);
         sa90::consumer_after_ready();
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
             const int ks = half * 16 + k;
             const u32 off = (ks / 4) * kGroupBytes + (ks % 4) * 32;
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half != cw || k > 0);
+            wgmma_m64n64k16_ss<0>(sc, desc_advance(qd, off), desc_advance(kd, off), half != cw || k > 0);
         }
         wgmma_commit();
     };
@@ -288,7 +197,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         pm0 = neg_inf();
         pm1 = neg_inf();
 #pragma unroll
-        for (int jj = 0; jj < 8 && (DSV4_SA90_DIAG & 4) == 0; ++jj) {
+        for (int jj = 0; jj < 8; ++jj) {
             const int col = 8 * (jj % 4) + 2 * c4;
             const u32 valid = jj < 4 ? valid_lo : valid_hi;
             const bool v0 = (valid >> col) & 1, v1 = (valid >> (col + 1)) & 1;
@@ -312,14 +221,12 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
             float e[4] = {sc[4 * jj + 0], sc[4 * jj + 1], sc[4 * jj + 2], sc[4 * jj + 3]};
-            if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
-                e[0] = sa90::exp2_p(e[0] - mr0);
-                e[1] = sa90::exp2_p(e[1] - mr0);
-                e[2] = sa90::exp2_p(e[2] - mr1);
-                e[3] = sa90::exp2_p(e[3] - mr1);
-                ps0 += e[0] + e[1];
-                ps1 += e[2] + e[3];
-            }
+            e[0] = sa90::exp2_p(e[0] - mr0);
+            e[1] = sa90::exp2_p(e[1] - mr0);
+            e[2] = sa90::exp2_p(e[2] - mr1);
+            e[3] = sa90::exp2_p(e[3] - mr1);
+            ps0 += e[0] + e[1];
+            ps1 += e[2] + e[3];
             pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(e[0], e[1]);
             pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(e[2], e[3]);
         }
@@ -338,7 +245,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
+            wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(my_vd, kk * 2048), 1);
         wgmma_commit();
     };
     auto issue_pv_other = [&](int it) {
@@ -347,7 +254,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            if constexpr ((DSV4_SA90_DIAG & 2) == 0) wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
+            wgmma_m64n256k16_ss<1>(o, desc_advance(other_pd, kk * 32), desc_advance(other_vd, kk * 2048), 1);
         wgmma_commit();
     };
 
@@ -356,15 +263,13 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     // P0 V0_R only from here, and buffer 1 R, never read by consumer 0; consumer 1: buffer
     // 1 L, read by consumer 0's P1 V1_L only, and buffer 0 L), then the mask and the row
     // maxima of the block.
-    auto s_done = [&](int it, int tb, float& pm0, float& pm1) {
+    auto s_done = [&](int it, float& pm0, float& pm1) {
         wgmma_wait<0>();
         fence_regs(sc);
         fence_regs(o);
-        SA90_T(tb + 4);
         mbar_arrive(free_bar + cw * 2 + (1 - cw));
         mbar_arrive(free_bar + (1 - cw) * 2 + (1 - cw));
         mask_and_max(it, pm0, pm1);
-        SA90_T(tb + 5);
     };
 
     if (n_iters > 0) {
@@ -373,34 +278,30 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     }
 
     for (int it = 0; it < n_iters; ++it) {
-        const int tb = it < 16 ? 128 + 192 * cw + 12 * it : 100000;  // this iteration's trace slots
         const bool more = it + 1 < n_iters;
         u32 pa[4][4];
         float pm0, pm1, ps0, ps1;
         if constexpr (cw == 0) {
-            s_done(it, tb, pm0, pm1);  // S0 (and the last iteration's P1 V1_L); frees 0 R, 1 R
+            s_done(it, pm0, pm1);  // S0 (and the last iteration's P1 V1_L); frees 0 R, 1 R
             // mx = max(m, rowmax S0), published for consumer 1 (barrier M0).
-            const float mx0 = (DSV4_SA90_DIAG & 4) ? m0 : fmaxf(m0, pm0), mx1 = (DSV4_SA90_DIAG & 4) ? m1 : fmaxf(m1, pm1);
-            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - mx0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - mx1);
+            const float mx0 = fmaxf(m0, pm0), mx1 = fmaxf(m1, pm1);
+            const float al0 = sa90::exp2_p(m0 - mx0), al1 = sa90::exp2_p(m1 - mx1);
             if (c4 == 0) {
                 max_s[r0] = mx0;
                 max_s[r1] = mx1;
             }
             named_arrive(kBarM0, 256);
-            SA90_T(tb + 6);
             // P0 = exp2(S0 - mx), kept in f32 in sc for the rescale below; O_L += P0 V0_L.
             ps0 = 0.0f;
             ps1 = 0.0f;
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
-                if constexpr ((DSV4_SA90_DIAG & 4) == 0) {
-                    sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mx0);
-                    sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mx0);
-                    sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mx1);
-                    sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mx1);
-                    ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
-                    ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
-                }
+                sc[4 * jj + 0] = sa90::exp2_p(sc[4 * jj + 0] - mx0);
+                sc[4 * jj + 1] = sa90::exp2_p(sc[4 * jj + 1] - mx0);
+                sc[4 * jj + 2] = sa90::exp2_p(sc[4 * jj + 2] - mx1);
+                sc[4 * jj + 3] = sa90::exp2_p(sc[4 * jj + 3] - mx1);
+                ps0 += sc[4 * jj + 0] + sc[4 * jj + 1];
+                ps1 += sc[4 * jj + 2] + sc[4 * jj + 3];
                 pa[jj / 2][(jj % 2) * 2 + 0] = pack_bf16(sc[4 * jj + 0], sc[4 * jj + 1]);
                 pa[jj / 2][(jj % 2) * 2 + 1] = pack_bf16(sc[4 * jj + 2], sc[4 * jj + 3]);
             }
@@ -408,16 +309,14 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             l1 = l1 * al1 + ps1;
             rescale_o(o, al0, al1);
             issue_pv_own(pa);  // O_L += P0 V0_L
-            SA90_T(tb + 7);
             wgmma_wait<0>();  // P0 V0_L
             fence_regs(o);
             mbar_arrive(free_bar + 0 * 2 + 0);  // buffer 0 L: S0 and P0 V0_L done
-            SA90_T(tb + 8);
             // The pair's max my = max(mx, rowmax S1) from consumer 1 (barrier M1); P0 at my
             // to shared memory for consumer 1's P0 V0_R (barrier P0).
             named_sync(kBarM1, 256);
             const float my0 = max_s[kHB + r0], my1 = max_s[kHB + r1];
-            const float f0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx0 - my0), f1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(mx1 - my1);
+            const float f0 = sa90::exp2_p(mx0 - my0), f1 = sa90::exp2_p(mx1 - my1);
             m0 = my0;
             m1 = my1;
             l0 *= f0;
@@ -431,9 +330,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             named_arrive(kBarP0, 256);
             rescale_o(o, f0, f1);
             named_sync(kBarP1, 256);  // P1 (at my) in shared memory
-            SA90_T(tb + 9);
             issue_pv_other(it);  // O_L += P1 V1_L
-            SA90_T(tb + 10);
             // The next S0's first half (buffer 0 L, refilled since mid-iteration) goes in
             // while P1 V1_L runs; buffer 1 L is freed once P1 V1_L is done.
             if (more) {
@@ -446,21 +343,20 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             mbar_arrive(free_bar + 1 * 2 + 0);  // buffer 1 L: P1 V1_L done
             if (more) issue_s_half(it + 1, 1);
         } else {
-            s_done(it, tb, pm0, pm1);  // S1 (and the last iteration's products); frees 1 L, 0 L
+            s_done(it, pm0, pm1);  // S1 (and the last iteration's products); frees 1 L, 0 L
             // The pair's max my = max(mx, rowmax S1) (mx from consumer 0, barrier M0; >= m:
             // both ended the last iteration at my), published for consumer 0 (barrier M1).
             named_sync(kBarM0, 256);
             const float mx0 = max_s[r0], mx1 = max_s[r1];
-            const float my0 = (DSV4_SA90_DIAG & 4) ? mx0 : fmaxf(mx0, pm0), my1 = (DSV4_SA90_DIAG & 4) ? mx1 : fmaxf(mx1, pm1);
+            const float my0 = fmaxf(mx0, pm0), my1 = fmaxf(mx1, pm1);
             if (c4 == 0) {
                 max_s[kHB + r0] = my0;
                 max_s[kHB + r1] = my1;
             }
             named_arrive(kBarM1, 256);
-            SA90_T(tb + 6);
             // O_R, l to my; P1 = exp2(S1 - my); O_R += P1 V1_R first (buffer 1 R freed early),
             // P1 to shared memory for consumer 0's P1 V1_L (barrier P1).
-            const float al0 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m0 - my0), al1 = (DSV4_SA90_DIAG & 4) ? 1.0f : sa90::exp2_p(m1 - my1);
+            const float al0 = sa90::exp2_p(m0 - my0), al1 = sa90::exp2_p(m1 - my1);
             m0 = my0;
             m1 = my1;
             rescale_o(o, al0, al1);
@@ -468,31 +364,25 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
             l0 = l0 * al0 + ps0;
             l1 = l1 * al1 + ps1;
             issue_pv_own(pa);  // O_R += P1 V1_R
-            SA90_T(tb + 7);
             store_p(pa);
             named_arrive(kBarP1, 256);
             named_sync(kBarP0, 256);  // P0 (at my) in shared memory
-            SA90_T(tb + 9);
             issue_pv_other(it);  // O_R += P0 V0_R
-            SA90_T(tb + 10);
             wgmma_wait<1>();  // P1 V1_R (o is still an accumulator of P0 V0_R: not fenced)
             mbar_arrive(free_bar + 1 * 2 + 1);  // buffer 1 R: S1 and P1 V1_R done
             wgmma_wait<0>();
             fence_regs(o);
-            SA90_T(tb + 8);
             mbar_arrive(free_bar + 0 * 2 + 1);  // buffer 0 R: P0 V0_R done
             if (more) {
                 issue_s_half(it + 1, 1);
                 issue_s_half(it + 1, 0);
             }
         }
-        SA90_T(tb + 11);
     }
     // Nothing is in flight here (the last iteration waited for all its products); the
     // explicit wait tells ptxas so.
     wgmma_wait<0>();
     fence_regs(o);
-    SA90_T(6 + cw);
 
     // Row sums: this thread's quad, then the two consumers (both at the same max).
     l0 += __shfl_xor_sync(DSV4_FULL_MASK, l0, 1);
@@ -509,7 +399,7 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
     // Both consumers have read the sums before either writes the next row's (an arrive / sync
     // pair each way: a bar.sync of both from their different code is what synccheck calls
-    // divergent, v17).
+    // divergent).
     named_arrive(kBarSumsRead + cw, 256);
     named_sync(kBarSumsRead + 1 - cw, 256);
     // out = O / l from registers. Per 32-column group m a quad holds a 4 x 4 block of
@@ -537,23 +427,28 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
                 x = __shfl_xor_sync(DSV4_FULL_MASK, x, 1);
                 y = __shfl_xor_sync(DSV4_FULL_MASK, y, 1);
                 a[0] = b0 ? x : a[0], a[1] = b0 ? a[1] : x, a[2] = b0 ? y : a[2], a[3] = b0 ? a[3] : y;
-                // .cs (streaming): the 1 GiB of output at S=16384 passes through L2 once (with
-                // the K/V gathers' evict_last below, v18: S=4096 0.575 -> 0.553 ms).
+                // .cs (streaming): the output passes through L2 once (the K/V gathers keep
+                // theirs with evict_last).
                 if (rr ? ok1 : ok0)
                     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p.out + (row * p.H + h0 + (rr ? r1 : r0)) * kD + cw * 256 + 32 * m + 8 * c4), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]) : "memory");
             }
         }
     }
-    SA90_T(8 + cw);
-    if (SA90_TRACE != 0 && wtid == 0 && cw == 0) trace_ns_at(p, row, 13);
-    if (cw == 0 && c4 == 0 && SA90_TRACE == 0) {
+    if (cw == 0 && c4 == 0) {
         if (h0 + r0 < p.H) p.lse[row * p.H + h0 + r0] = (m0 + log2f(lt0)) * kLn2;
         if (h0 + r1 < p.H) p.lse[row * p.H + h0 + r1] = (m1 + log2f(lt1)) * kLn2;
     }
 }
 
-// q_map: the TMA map of q (SA90_Q_TMA=1); zeros (unread) with SA90_Q_TMA=0.
+// q_map: the TMA map of q (SA90_Q_TMA=1); zeros (unread) otherwise.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(const SparseAttnFwdParams p, const __grid_constant__ TmaDesc q_map) {
+    // (Compile-time choices are local constants here: NVRTC emits namespace-scope ones as
+    // unused global data.)
+    constexpr bool kQTma = SA90_Q_TMA != 0;  // the launcher's: Q tiles by TMA, or the producer's cp.async
+    // The register split of setmaxnreg: 2 x 128 consumer threads + 128 producer threads
+    // within the 64 K registers of an SM.
+    constexpr int kConsumerRegs = 224, kProducerRegs = 56;
+    static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "setmaxnreg split beyond the register file");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (p.smem_bytes < kSa90SmemBytes) __trap();  // the launcher's layout disagrees with this one
     unsigned char* smem = align_1024(smem_raw);
@@ -573,13 +468,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     const int h0 = blockIdx.y * kHB;
 
     if (tid == 0) {
-        mbar_init(q_bar, SA90_Q_TMA ? 1 : 128);
+        mbar_init(q_bar, kQTma ? 1 : 128);
         for (int i = 0; i < 4; ++i) {
             mbar_init(ready_bar + i, 128);
             mbar_init(free_bar + i, 256);
         }
         for (int i = 0; i < 2; ++i) mbar_init(keys_bar + i, sa90::kKeyWriters);
-        if constexpr (SA90_Q_TMA != 0) {
+        if constexpr (kQTma) {
             tma::fence_barrier_init();  // the TMA unit completes bytes on q_bar
             tma::prefetch_desc(q_map);
         }
@@ -589,10 +484,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     // This CTA's rows: blockIdx.x, + gridDim.x, ... (row = b * S + s); a row of n_slots
     // takes ceil(n_slots / 128) iterations, a pair of blocks each.
     const i64 n_rows = static_cast<i64>(p.B) * p.S;
-    auto iters_of = [](int n_slots) { return (DSV4_SA90_DIAG & 8) ? 0 : (n_slots + 2 * kBN - 1) / (2 * kBN); };
+    auto iters_of = [](int n_slots) { return (n_slots + 2 * kBN - 1) / (2 * kBN); };
     if (wg == 0) {
         // ---------------- producer ----------------
-        regs_dec<SA90_PRODUCER_REGS>();
+        regs_dec<kProducerRegs>();
         // Slot keys in chunks of 1024 (16 blocks); thread t copies chunk j = t % 8 of rows
         // t / 8 + 16 i (i < 4) in the 4 groups of a half.
         int* row_keys = reinterpret_cast<int*>(smem + kRowKeysOff);
@@ -603,14 +498,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             const int n_slots = sa::row_slots(p.row_len, row, p.T);
             const int n_iters = iters_of(n_slots);
             if (n_iters == 0) continue;  // no Q, no blocks: the consumers skip the row's waits too
-            if (SA90_TRACE != 0 && wtid == 0) {
-                u32 smid;
-                asm("mov.u32 %0, %%smid;\n" : "=r"(smid));
-                trace_put(p, row, 0, smid);
-                trace_put(p, row, 10, static_cast<u32>(n_iters));
-                trace_ns_at(p, row, 12);
-            }
-            SA90_T(1);
             const i64 idx_row = b * p.idx_sb + s * p.idx_ss;
             const i64 bias = b * p.idx_bias;
             auto load_chunk_keys = [&](int slot0, int (&k)[kChunk / 128]) {
@@ -623,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 named_sync(8, 128);
             };
             // The first chunk's index reads go out first; the Q copies' issue covers their
-            // latency (v12).
+            // latency.
             int k_first[kChunk / 128];
             load_chunk_keys(0, k_first);
             // The Q area is free once both consumers' last S of the previous row is done:
@@ -631,7 +518,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
             // P0 V0_L, which follows its S0; consumer 1 after its S1). Buffer 0 L's refill
             // below waits for the same phase.
             if (g > 0) mbar_wait(free_bar + 0, (g - 1) & 1);
-            if constexpr (SA90_Q_TMA != 0) {
+            if constexpr (kQTma) {
                 // (the consumers' wgmma reads of the last Q, async proxy, are complete before
                 // their arrivals on that free barrier; TMA writes through the same proxy)
                 if (wtid == 0) {
@@ -644,21 +531,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 sa90::load_head_tile<4>(q_base, p.q + b * p.q_sb + s * p.q_ss, p.q_sh, p.q, h0, p.H, wtid);
                 sa90::producer_handoff(q_bar);
             }
-            SA90_T(2);
             if (kq > 0) named_sync(8, 128);  // every producer thread is done with the last row's keys
             store_chunk_keys(k_first);
-            SA90_T(3);
-#if SA90_PREFETCH
+            // L2 prefetch of the next row's Q tile and slot keys: its pipeline fill reads L2.
             if (row + gridDim.x < n_rows) {
                 const i64 next = row + gridDim.x;
                 const int nb = static_cast<int>(next / p.S), ns = static_cast<int>(next % p.S);
                 sa90::prefetch_head_tile(p.q + nb * p.q_sb + ns * p.q_ss, p.q_sh, h0, p.H, wtid);
                 sa90::prefetch_slot_keys(p.idx, nb * p.idx_sb + ns * p.idx_ss, p.idx_st, p.idx_is_i64, p.T, p.row_len, next, wtid);
             }
-#endif
             const u64 kv_row_bytes = static_cast<u64>(p.kv_sk) * sizeof(bf16);
             // The K/V gathers carry an L2 evict_last policy: kv is reread by every row, while
-            // q and out stream through L2 once (v18, with the output's .cs stores).
+            // q and out stream through L2 once (with the output's .cs stores).
             u64 kv_policy;
             asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(kv_policy));
             const char* kv_col = reinterpret_cast<const char*>(p.kv + b * p.kv_sb) + j * 16;  // this thread's 16-byte chunk j of a 128-byte group
@@ -673,8 +557,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                 }
                 // (buffer, half) in the order the consumers free them: 0 L, 1 R (early),
                 // 0 R, 1 L (late); the first half of each buffer carries its block's keys.
-                // (Refilling them in the order they are actually freed, lane 0 of each warp
-                // polling the four "free" barriers, measured 3.94 against 3.39 ms: v9.)
 #pragma unroll 1
                 for (int step = 0; step < 4; ++step) {
                     const int buf = step % 2;
@@ -682,13 +564,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                     const int* keys = row_keys + (slot0 % kChunk) + buf * kBN;
                     // This thread's four rows r_base + 16 i: their keys first (four independent
                     // loads), then 64-bit row offsets without selects (an invalid key reads row 0
-                    // with source size 0: nothing), so that the four rows' address chains overlap
-                    // (the SA90_TRACE / ncu profile of v12: one dependent chain per row, ~50
-                    // instructions, made issuing a 32 KiB half take 700-1,500 cycles).
+                    // with source size 0: nothing), so that the four rows' address chains overlap.
                     // Keys and source rows before the "free" wait, the block's keys for the
                     // consumers' masks after the copies: only the copies follow the wait (the
-                    // refill of a freed half is the critical path; v28, H200: -0.6 to -1.2 % at
-                    // S=16384 against keys, rows and mask keys after the wait).
+                    // refill of a freed half is the critical path).
                     int key[4];
 #pragma unroll
                     for (int i = 0; i < 4; ++i) key[i] = keys[r_base + 16 * i];
@@ -699,14 +578,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                         asm volatile("" : "+l"(src[i]));  // computed here: ptxas would sink it past the wait
                     }
                     if (gi > 0) mbar_wait(free_bar + buf * 2 + half, (gi - 1) & 1);
-                    if (it < 14) SA90_T(16 + 8 * it + 2 * step);
                     // Rows r_base + 16 i share r % 8, so their SW128 offsets are 16 i rows apart.
                     const u32 dst = kv_base + buf * kBlockBytes + half * kHalfBytes + sw128(r_base, j);
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
 #pragma unroll
                         for (int gg = 0; gg < 4; ++gg)
-                            if constexpr ((DSV4_SA90_DIAG & 1) == 0) sa90::kv_copy16_policy(dst + i * 16 * 128 + gg * kGroupBytes, src[i] + gg * 128, key[i] >= 0, kv_policy);
+                            sa90::kv_copy16_policy(dst + i * 16 * 128 + gg * kGroupBytes, src[i] + gg * 128, key[i] >= 0, kv_policy);
                     }
                     sa90::producer_handoff(ready_bar + buf * 2 + half);
                     if (half == buf && j == 0) {
@@ -714,10 +592,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
                         for (int i = 0; i < 4; ++i) keys_s[buf * kBN + r_base + 16 * i] = key[i];
                         mbar_arrive(keys_bar + buf);
                     }
-                    if (it < 14) SA90_T(16 + 8 * it + 2 * step + 1);
                 }
             }
-            SA90_T(11);
             g += n_iters;
             ++kq;
         }
@@ -726,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd_sm90(c
     }
 
     // ---------------- consumers: the same rows ----------------
-    regs_inc<SA90_CONSUMER_REGS>();
+    regs_inc<kConsumerRegs>();
     int g = 0, kq = 0;
     for (i64 row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const int n_iters = iters_of(sa::row_slots(p.row_len, row, p.T));

@@ -2,9 +2,11 @@
 //! its atomic mode, and the conversions after it (dq and dkv cut back to D, dkv to bf16,
 //! dsinks summed in a fixed order). The deterministic mode's waves: `deterministic.rs`.
 
+use super::config::{bwd_defines, bwd_sm90_defines, reduce_defines, Defines, SaBwdConfig, SaDetConfig};
 use super::deterministic::{self, ContribFormat, DetCall, DeterministicWaves};
 use super::*;
 use crate::runtime::Scratch;
+use crate::tuning::configured;
 
 /// A launch of the backward's main kernel: `bwd_sm90.cu` (`hopper`) takes the TmaDescs of q
 /// and dout as its second and third parameters, the portable `bwd.cu` the params alone.
@@ -62,7 +64,6 @@ struct BwdCall<'a, 'b> {
     src: IndexSource,
     deterministic: bool,
     hopper: bool,
-    compact: bool,
     rows_desc: bool,
     dp: usize,
 }
@@ -83,46 +84,34 @@ struct Finish<'a> {
     dsinks_part: u64,
     /// The deterministic mode's last reduce wrote dkv (no conversion launch).
     converted: bool,
+    /// `bwd_reduce.cu`'s defines (its conversion and dsinks kernels).
+    reduce: Defines,
 }
 
-/// dq `[B,S,H,D]` bf16, dkv `[B,K,D]` bf16, dsinks `[H]` f32 (contiguous, validated).
-pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, dkv: &mut TensorViewMut, dsinks: &mut TensorViewMut) -> Result<()> {
-    let (dm, _) = a.validate()?;
+/// dq `[B,S,H,D]` bf16, dkv `[B,K,D]` bf16, dsinks `[H]` f32 (contiguous; the arguments and
+/// outputs validated by dsv4-core).
+pub(crate) fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, dkv: &mut TensorViewMut, dsinks: &mut TensorViewMut) -> Result<()> {
     let f = &a.fwd;
+    let dm = dims(f);
     let tiles = check_supported(OP_BWD, Pass::Bwd, gpu, dm, &[("q", &f.q), ("kv", &f.kv), ("out", &a.out), ("dout", &a.dout)])?;
     let src = index_source(OP_BWD, &f.indices, dm)?;
     let deterministic = a.backward_impl == BackwardImpl::Deterministic;
     // The Hopper kernel (bwd_sm90.cu) takes 64 heads a CTA; the portable one its tile's.
     let hopper = use_hopper_bwd(gpu, kernel_d(dm.d), f.reference_rounding) && dm.h.div_ceil(SA90_BWD_HEADS) <= 65_535;
     let n_hblk = bwd_head_blocks(hopper, &tiles, dm.h);
+    let det_cfg = configured::<SaDetConfig>()?;
     // The Hopper kernel stores the deterministic contributions in 16 bits (fp16 per
-    // 64-column chunk with an f32 scale: bwd_sm90.cu, SA90_BWD_DET_F16); DSV4_EXTRA_DEFINES
-    // SA90_BWD_DET_F16=0 keeps f32 rows (to compare).
+    // 64-column chunk with an f32 scale), the portable one in f32.
     let format = ContribFormat::of_backward(hopper);
-    let compact = format != ContribFormat::F32;
-    // DSV4_SA_DET_WAVE_INDEX=1 (to compare) builds the inverted index per wave, not once.
-    let wave_index = std::env::var("DSV4_SA_DET_WAVE_INDEX").as_deref() == Ok("1");
-    // DSV4_SA_DET_ROUNDS=0 (to compare): waves not cut to whole rounds of CTAs.
-    let rounds = std::env::var("DSV4_SA_DET_ROUNDS").as_deref() != Ok("0");
-    // DSV4_SA_DET_DIAG (a diagnostic for the bench: the results are wrong): "no-reduce"
-    // launches the deterministic mode's main kernels alone, "no-main" its reduces alone (over
-    // whatever the workspace holds), to time each in place.
-    let det_diag = std::env::var("DSV4_SA_DET_DIAG").unwrap_or_default();
-    let (skip_main, skip_reduce) = (det_diag == "no-main", det_diag == "no-reduce");
-    let waves = DeterministicWaves::with_rounds(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, !wave_index, rounds);
+    let waves = DeterministicWaves::with_rounds(gpu.props().sm_count as usize, dm, src.t, n_hblk, a.backward_workspace_bytes, format, det_cfg.global_index, det_cfg.whole_rounds);
     // The deterministic Hopper backward takes the rows from the last to the first
     // (bwd_sm90.cu, rows_desc): its waves run from the last rows down, so the short
-    // remainder wave is a causal selection's cheap first rows (v23, H200, both with waves
-    // of whole rounds: S=4096 2.527-2.528 -> 2.508-2.509 ms, S=16384 11.41-11.42 ->
-    // 11.38-11.42). The atomic one keeps B*S order (descending: 1.936-1.941 against
-    // 1.891-1.894 ms at S=4096). DSV4_EXTRA_DEFINES SA90_BWD_ROWS_DESC=0 keeps B*S order in
-    // the deterministic mode too (to compare).
-    let rows_desc = hopper && deterministic && crate::runtime::extra_define("SA90_BWD_ROWS_DESC") != Some("0");
+    // remainder wave is a causal selection's cheap first rows. The atomic one keeps B*S order.
+    let rows_desc = hopper && deterministic && det_cfg.rows_desc;
     if deterministic && waves.wave_rows == 0 && dm.b * dm.s > 0 {
         let need = match format {
             ContribFormat::F32 => "T*(n_head_blocks*D + 1)*4",
             ContribFormat::F16Scaled => "T*(n_head_blocks*(2*D + D/16) + 4)",
-            ContribFormat::Bf16 => "T*(n_head_blocks*2*D + 4)",
         };
         return Err(unavailable(OP_BWD, format!("the deterministic backward needs at least {need} = {} bytes of workspace for one row's dkv contributions (D rounded up to a multiple of 64); backward_workspace_bytes = {}", waves.row_bytes, a.backward_workspace_bytes)));
     }
@@ -140,13 +129,10 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
     // dkv's bf16 destination: the output, or a [B,K,dp] scratch cut back at the end.
     let dkv_pad = if kvd > 0 && dp != dm.d { Some(gpu.scratch(kvd * 2)?) } else { None };
     let dkv_dst = dkv_pad.as_ref().map_or(out_ptr(dkv), |s| s.ptr());
-    // The deterministic mode's last reduce writes dkv itself (no conversion launch);
-    // DSV4_SA_DET_FUSED_CONVERT=0 (to compare) keeps the conversion kernel.
-    let fused_convert = std::env::var("DSV4_SA_DET_FUSED_CONVERT").as_deref() != Ok("0");
     let mut converted = false;
 
     if rows > 0 {
-        let call = BwdCall { gpu, a, dm, tiles, src, deterministic, hopper, compact, rows_desc, dp };
+        let call = BwdCall { gpu, a, dm, tiles, src, deterministic, hopper, rows_desc, dp };
         let bufs = MainBuffers { dq: dq_pad.as_ref().map_or(out_ptr(dq), |s| s.ptr()), acc: acc.ptr(), dsinks_part: dsinks_part.ptr() };
         let mut main = main_kernel(&call, &bufs)?;
         let chunks = dm.b * n_hblk * dm.s;
@@ -165,68 +151,56 @@ pub fn backward(gpu: &Gpu, a: &SparseAttentionBwdArgs, dq: &mut TensorViewMut, d
             // n_hblk = ceil(H/64).
             unsafe { main.launch(grid)? };
         } else {
-            // The global index is kept with a plan; DSV4_SA_DET_PLAN_INDEX=0 (to compare)
-            // builds it every call.
+            // The global index is kept with a plan (`SaDetConfig::plan_index`).
             let plan = match &a.fwd.indices {
-                SparseIndices::Plan(pl) if std::env::var("DSV4_SA_DET_PLAN_INDEX").as_deref() != Ok("0") => Some(*pl),
+                SparseIndices::Plan(pl) if det_cfg.plan_index => Some(*pl),
                 _ => None,
             };
-            let det = DetCall { gpu, dm, src, waves, format, n_hblk, dp, rows_desc, plan, acc: acc.ptr(), dkv_dst, fused_convert, skip_main, skip_reduce };
+            let det = DetCall { gpu, dm, src, waves, format, n_hblk, dp, rows_desc, plan, acc: acc.ptr(), dkv_dst, cfg: det_cfg };
             converted = deterministic::run(&det, &mut main)?;
         }
     }
-    let fin = Finish { dq_pad: dq_pad.as_ref(), dkv_pad: dkv_pad.as_ref(), acc: acc.ptr(), dsinks_part: dsinks_part.ptr(), converted };
+    let fin = Finish { dq_pad: dq_pad.as_ref(), dkv_pad: dkv_pad.as_ref(), acc: acc.ptr(), dsinks_part: dsinks_part.ptr(), converted, reduce: reduce_defines(&det_cfg) };
     finish(gpu, dm, hopper, dp, &fin, dq, dkv, dsinks)
 }
 
 /// The main kernel of this call: its inputs as the loaders read them, the TMA maps of q and
 /// dout (Hopper), the kernel compiled for the mode, and its params.
 fn main_kernel(c: &BwdCall, bufs: &MainBuffers) -> Result<MainKernel> {
-    let BwdCall { gpu, a, dm, tiles, src, deterministic, hopper, compact, rows_desc, dp } = *c;
+    let BwdCall { gpu, a, dm, tiles, deterministic, hopper, dp, .. } = *c;
     let f = &a.fwd;
-    let q = rows_input(gpu, &f.q, dp)?;
-    let kv = rows_input(gpu, &f.kv, dp)?;
-    let out = rows_input(gpu, &a.out, dp)?;
-    let dout = rows_input(gpu, &a.dout, dp)?;
-    let lse_st = strides_i64(&a.lse);
-    // bwd_sm90.cu's Q and dO tiles by TMA where both can be mapped (SA90_BWD_QDO_TMA),
-    // unless DSV4_EXTRA_DEFINES has SA90_BWD_QDO_TMA=0 (the producer's cp.async, to
-    // compare); the define is passed either way, so the kernel matches the maps passed.
-    let qdo_maps = if hopper && crate::runtime::extra_define("SA90_BWD_QDO_TMA") != Some("0") {
-        let map = |v: &RowsInput| {
-            let (dims, strides) = sa90_q_map_shape([dm.b, dm.s, dm.h], &v.strides);
-            gpu.tma_map_bf16(v.ptr, &dims, &strides, &SA90_Q_BOX).ok()
+    let inputs = [rows_input(gpu, &f.q, dp)?, rows_input(gpu, &f.kv, dp)?, rows_input(gpu, &a.out, dp)?, rows_input(gpu, &a.dout, dp)?];
+    let (smem, k, block, q_map, do_map) = if hopper {
+        let cfg = configured::<SaBwdConfig>()?;
+        // bwd_sm90.cu's Q and dO tiles by TMA where both can be mapped (else by the
+        // producer's cp.async): the kernel is compiled for the maps passed.
+        let maps = if cfg.qdo_tma {
+            let map = |v: &RowsInput| {
+                let (dims, strides) = sa90_q_map_shape([dm.b, dm.s, dm.h], &v.strides);
+                gpu.tma_map_bf16(v.ptr, &dims, &strides, &SA90_Q_BOX).ok()
+            };
+            map(&inputs[0]).zip(map(&inputs[3]))
+        } else {
+            None
         };
-        map(&q).zip(map(&dout))
+        let k = gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &bwd_sm90_defines(&cfg, deterministic, maps.is_some()))?;
+        let (q_map, do_map) = maps.unwrap_or((TmaDesc::ZERO, TmaDesc::ZERO));
+        (SA90_BWD_SMEM_BYTES, k, [384u32, 1, 1], q_map, do_map)
     } else {
-        None
+        let k = gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &bwd_defines(dp, &tiles, f.reference_rounding))?;
+        (bwd_smem_bytes(dp, tiles.hb, tiles.bn), k, [tiles.threads(dp) as u32, 1, 1], TmaDesc::ZERO, TmaDesc::ZERO)
     };
-    let (q_map, do_map) = qdo_maps.unwrap_or((TmaDesc::ZERO, TmaDesc::ZERO));
-    let (smem, k, block) = if hopper {
-        // Consumer 0 takes two of the eight dKV chunks (bwd_sm90.cu, SA90_BWD_C0_CHUNKS;
-        // three before the pair's S and dP became one m64n64k16 (v27): with it,
-        // v27 calls 4-5, H200, two against three: atomic S=4096 1.7495-1.7592 against
-        // 1.7634-1.7660 ms, S=16384 8.31-8.40 against 8.32-8.53, deterministic -0.1 to
-        // -0.4 %; four lost 5 %; the deterministic mode's f32 rows were faster with none,
-        // v21; over the column-halves ring, v31 call 2: atomic S=16384 8.00-8.06 ms with
-        // two against 8.07-8.08 with one and 8.09-8.10 with three, deterministic 10.72-10.73
-        // against 10.82-10.84). DSV4_EXTRA_DEFINES SA90_BWD_C0_CHUNKS / SA90_BWD_DET_C0_CHUNKS (0..=7; its
-        // entries separated by commas) set the atomic / deterministic count to compare.
-        let atomic_chunks = crate::runtime::extra_define("SA90_BWD_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or("2");
-        let det_default = if compact { "2" } else { "0" };
-        let det_chunks = crate::runtime::extra_define("SA90_BWD_DET_C0_CHUNKS").filter(|v| matches!(v.parse::<u32>(), Ok(0..=7))).unwrap_or(det_default);
-        let c0_chunks = if deterministic { det_chunks } else { atomic_chunks };
-        let f16 = if deterministic && compact { "1" } else { "0" };
-        // The atomic mode's kernel is compiled for that mode alone (bwd_sm90.cu,
-        // SA90_BWD_ATOMIC: one predicated reduction a vector, 248 fewer instructions);
-        // DSV4_EXTRA_DEFINES SA90_BWD_ATOMIC=0 keeps the kernel of either mode (to compare).
-        let atomic_only = if !deterministic && crate::runtime::extra_define("SA90_BWD_ATOMIC") != Some("0") { "1" } else { "0" };
-        let qdo_tma = if qdo_maps.is_some() { "1" } else { "0" };
-        (SA90_BWD_SMEM_BYTES, gpu.kernel("sparse_attention/bwd_sm90.cu", "sparse_attn_bwd_sm90", &[("SA90_BWD_C0_CHUNKS", c0_chunks.into()), ("SA90_BWD_DET_F16", f16.into()), ("SA90_BWD_ATOMIC", atomic_only.into()), ("SA90_BWD_QDO_TMA", qdo_tma.into())])?, [384u32, 1, 1])
-    } else {
-        (bwd_smem_bytes(dp, tiles.hb, tiles.bn), gpu.kernel("sparse_attention/bwd.cu", "sparse_attn_bwd", &defines(dp, &tiles, f.reference_rounding, None))?, [tiles.threads(dp) as u32, 1, 1])
-    };
-    let p = BwdParams {
+    let p = bwd_params(c, &inputs, bufs, smem);
+    Ok(MainKernel { k, hopper, block, smem, p, q_map, do_map, _inputs: inputs })
+}
+
+/// The main kernel's params: `ins` = q, kv, out, dout as the loaders read them.
+fn bwd_params(c: &BwdCall, ins: &[RowsInput; 4], bufs: &MainBuffers, smem: usize) -> BwdParams {
+    let BwdCall { a, dm, src, deterministic, rows_desc, .. } = *c;
+    let f = &a.fwd;
+    let [q, kv, out, dout] = ins;
+    let lse_st = strides_i64(&a.lse);
+    BwdParams {
         q: q.ptr,
         kv: kv.ptr,
         sinks: f.sinks.address(),
@@ -271,8 +245,7 @@ fn main_kernel(c: &BwdCall, bufs: &MainBuffers) -> Result<MainKernel> {
         all_rows_nonempty: f.all_rows_nonempty as i32,
         sm_scale: f.sm_scale,
         rows_desc: rows_desc as i32,
-    };
-    Ok(MainKernel { k, hopper, block, smem, p, q_map, do_map, _inputs: [q, kv, out, dout] })
+    }
 }
 
 /// dq cut back to D, dkv = bf16(acc) unless the deterministic mode's last reduce wrote it,
@@ -293,7 +266,7 @@ fn finish(gpu: &Gpu, dm: Dims, hopper: bool, dp: usize, fin: &Finish, dq: &mut T
     }
     if kvd > 0 {
         if !converted {
-            let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &[])?;
+            let conv = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_f32_to_bf16", &fin.reduce)?;
             // The Hopper kernel writes acc's columns permuted within groups of 16 (its flush layout).
             let c = ConvertParams { src: acc, dst: dkv_dst, n: kvd as i64, permuted: hopper as i32, pad_: 0 };
             // SAFETY: `acc` holds B*K*dp f32; dst is the contiguous [B,K,D] bf16 output (dp ==
@@ -305,7 +278,7 @@ fn finish(gpu: &Gpu, dm: Dims, hopper: bool, dp: usize, fin: &Finish, dq: &mut T
             unsafe { unpad(gpu, s.ptr(), dm.b * dm.k, dp, out_ptr(dkv), dm.d)? };
         }
     }
-    let ds = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dsinks", &[])?;
+    let ds = gpu.kernel("sparse_attention/bwd_reduce.cu", "sparse_attn_dsinks", &fin.reduce)?;
     let d = DsinksParams { part: dsinks_part, dsinks: out_ptr(dsinks), rows: rows as i64, h: dm.h as i32, pad_: 0 };
     // SAFETY: `dsinks_part` holds [rows, H] f32, every entry written by the main kernel
     // (rows > 0) or none read (rows == 0); dsinks is a contiguous [H] f32 output; one CTA

@@ -5,6 +5,7 @@
 //! same whatever the workspace and its split into waves.
 
 use super::backward::MainKernel;
+use super::config::{reduce_defines, SaDetConfig};
 use super::*;
 
 /// What one deterministic backward call fixes before its waves.
@@ -22,9 +23,7 @@ pub(super) struct DetCall<'a> {
     /// [G, dp] f32 accumulator (zeroed) and dkv's bf16 destination.
     pub acc: u64,
     pub dkv_dst: u64,
-    pub fused_convert: bool,
-    pub skip_main: bool,
-    pub skip_reduce: bool,
+    pub cfg: SaDetConfig,
 }
 
 impl DetCall<'_> {
@@ -118,11 +117,11 @@ pub(super) fn run(c: &DetCall, main: &mut MainKernel) -> Result<bool> {
     let (g, rows) = (c.keys(), c.rows());
     let index = g > 0 && src.t > 0;
     let contrib = gpu.scratch(w.wave_rows * src.t * c.n_hblk * c.format.bytes(dp))?;
-    let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &[]);
+    let defines = reduce_defines(&c.cfg);
+    let kern = |name| gpu.kernel("sparse_attention/bwd_reduce.cu", name, &defines);
     let ik = IndexKernels { count: kern("sparse_attn_inv_count")?, scan_rb: kern("sparse_attn_inv_scan_rb")?, scan_keys: kern("sparse_attn_inv_scan_keys")?, fill: kern("sparse_attn_inv_fill")? };
-    // (sparse_attn_inv_reduce_f16: SA_REDUCE_GROUPS groups (default 4, a knob of
-    // DSV4_EXTRA_DEFINES: 1..=8) of dp/8 = 64 threads a key)
-    let groups = crate::runtime::extra_define("SA_REDUCE_GROUPS").and_then(|v| v.parse::<usize>().ok()).filter(|v| (1..=8).contains(v)).unwrap_or(4);
+    // (sparse_attn_inv_reduce_f16: SA_REDUCE_GROUPS groups of dp/8 = 64 threads a key)
+    let groups = c.cfg.reduce_groups as usize;
     let reduce = if c.compact() { Reduce { kernel: kern("sparse_attn_inv_reduce_f16")?, threads: groups * (dp / 8), groups } } else { Reduce { kernel: kern("sparse_attn_inv_reduce")?, threads: dp / 4, groups } };
     let mut ip = inv_params(c);
     // Several waves: the 16-bit reduce keeps each entry group's running sum between
@@ -196,14 +195,12 @@ fn waves(c: &DetCall, main: &mut MainKernel, ik: &IndexKernels, reduce: &Reduce,
         // Hopper: CTA (x, y) owns launch row r0 + x (row B*S - 1 - r0 - x with
         // rows_desc; the index counts the same launch rows) and head block y <
         // n_hblk.
-        if !c.skip_main {
-            unsafe { main.launch(grid)? };
-        }
-        if index && !c.skip_reduce {
+        unsafe { main.launch(grid)? };
+        if index {
             (ip.contrib, ip.n_rows) = (contrib, n as i32);
             // The last wave's reduce (16-bit rows) stores bf16(acc + its sum) into
             // dkv's destination for every key.
-            let last = r0 + n == rows && c.compact() && c.fused_convert;
+            let last = r0 + n == rows && c.compact() && c.cfg.fused_convert;
             ip.dkv_out = if last { c.dkv_dst } else { 0 };
             ip.last_wave = (r0 + n == rows) as i32;
             converted |= last;
@@ -285,26 +282,21 @@ pub struct DeterministicWaves {
 }
 
 /// How the deterministic backward stores each slot's dkv contribution (one head block):
-/// f32 values (the portable kernel; the Hopper one with SA90_BWD_DET_F16=0), fp16 values
-/// and an f32 scale per 64 columns (the Hopper kernel's default), or bf16 values alone
-/// (SA90_BWD_DET_BF16=1: measured in v23, 0-1 % faster for less precision).
+/// f32 values (the portable kernel), or fp16 values and an f32 scale per 64 columns (the
+/// Hopper kernel).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ContribFormat {
     F32,
     F16Scaled,
-    Bf16,
 }
 
 impl ContribFormat {
-    /// The format of the backward that runs (`hopper`: bwd_sm90.cu): its default, or what
-    /// DSV4_EXTRA_DEFINES asks for (SA90_BWD_DET_F16=0: f32; SA90_BWD_DET_BF16=1: bf16).
+    /// The format of the backward that runs (`hopper`: bwd_sm90.cu).
     pub fn of_backward(hopper: bool) -> Self {
-        if !hopper || crate::runtime::extra_define("SA90_BWD_DET_F16") == Some("0") {
-            ContribFormat::F32
-        } else if crate::runtime::extra_define("SA90_BWD_DET_BF16") == Some("1") {
-            ContribFormat::Bf16
-        } else {
+        if hopper {
             ContribFormat::F16Scaled
+        } else {
+            ContribFormat::F32
         }
     }
 
@@ -313,21 +305,21 @@ impl ContribFormat {
         match self {
             ContribFormat::F32 => 4 * dp,
             ContribFormat::F16Scaled => 2 * dp + 4 * (dp / 64),
-            ContribFormat::Bf16 => 2 * dp,
         }
     }
 }
 
 impl DeterministicWaves {
     /// `format`: how a contribution is stored. `global`: the global index allowed (false:
-    /// an index per wave, to compare).
-    pub fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool) -> Self {
+    /// an index per wave; `SaDetConfig::global_index`).
+    #[cfg(test)]
+    pub(crate) fn for_sizes(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool) -> Self {
         Self::with_rounds(sm_count, dm, t, n_hblk, workspace, format, global, true)
     }
 
-    /// `for_sizes`, with waves of whole rounds of CTAs or not (`rounds`: false to compare).
+    /// `for_sizes`, with waves of whole rounds of CTAs or not (`SaDetConfig::whole_rounds`).
     #[allow(clippy::too_many_arguments)]
-    pub fn with_rounds(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool, rounds: bool) -> Self {
+    pub(crate) fn with_rounds(sm_count: usize, dm: Dims, t: usize, n_hblk: usize, workspace: usize, format: ContribFormat, global: bool, rounds: bool) -> Self {
         let rows = dm.b * dm.s;
         let slot_bytes = n_hblk * format.bytes(kernel_d(dm.d));
         // a row: T slots of n_hblk contributions and one i32 index entry
@@ -337,9 +329,9 @@ impl DeterministicWaves {
         let rb_cap = (4 * sm_count).min(((256usize << 20) / (4 * g)).max(1));
         // Rows whose CTAs (n_hblk a row, one an SM: bwd_sm90.cu's shared memory) fill whole
         // rounds of the device: a wave of a multiple of them has no last round of a few CTAs
-        // beside idle SMs (v23, H200 S=16384, 2 GiB: waves of 3,040 rows took 24 rounds of
-        // 132 CTAs each, of 3,036 rows 23; 11.68-11.72 -> 11.41-11.42 ms). A multiple is
-        // taken when it holds at least 3/4 of the rows that fit.
+        // beside idle SMs (H200 S=16384, 2 GiB: waves of 3,040 rows took 24 rounds of 132
+        // CTAs each, of 3,036 rows 23). A multiple is taken when it holds at least 3/4 of
+        // the rows that fit.
         let round_rows = (sm_count / gcd(sm_count.max(1), n_hblk.max(1))).max(1);
         let whole_rounds = |fit: usize, block: usize| -> usize {
             if !rounds {

@@ -1,11 +1,14 @@
 //! The forward (`fwd_sm90.cu` on sm_90a at D = 512, `fwd.cu` elsewhere) and the dense
 //! oracle (`fwd.cu` with `SA_DEDUP=1` over a sorted plan).
 
+use super::config::{fwd_defines, fwd_sm90_defines, SaFwdConfig};
 use super::*;
+use crate::tuning::configured;
 
-/// out `[B,S,H,D]` bf16, lse `[B,S,H]` f32 (contiguous, validated by the caller).
-pub fn forward(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut, lse: &mut TensorViewMut) -> Result<()> {
-    let (dm, _) = a.validate()?;
+/// out `[B,S,H,D]` bf16, lse `[B,S,H]` f32 (contiguous; the arguments and outputs validated
+/// by dsv4-core).
+pub(crate) fn forward(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut, lse: &mut TensorViewMut) -> Result<()> {
+    let dm = dims(a);
     let tiles = check_supported(OP_FWD, Pass::Fwd, gpu, dm, &[("q", &a.q), ("kv", &a.kv)])?;
     let src = index_source(OP_FWD, &a.indices, dm)?;
     run_forward(gpu, a, dm, tiles, src, false, out_ptr(out), out_ptr(lse))
@@ -13,13 +16,17 @@ pub fn forward(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut, lse:
 
 /// The dense oracle: the forward over each row's *set* of keys. The row is sorted (a plan,
 /// built here unless given) and a key equal to its predecessor is masked.
-pub fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Result<()> {
-    let (dm, _) = a.validate()?;
+pub(crate) fn dense(gpu: &Gpu, a: &SparseAttentionArgs, out: &mut TensorViewMut) -> Result<()> {
+    let dm = dims(a);
     let tiles = check_supported(OP_DENSE, Pass::Fwd, gpu, dm, &[("q", &a.q), ("kv", &a.kv)])?;
     let owned;
     let plan = match &a.indices {
         SparseIndices::Plan(p) => *p,
         SparseIndices::TopK(idx) => {
+            // The plan's global coordinates b*K + k in int32 (plan_sparse_indices' check).
+            if (dm.b as u64) * (dm.k as u64) > i32::MAX as u64 {
+                return Err(unavailable(OP_DENSE, format!("B*K = {} must fit in int32", dm.b * dm.k)));
+            }
             owned = plan_impl(OP_DENSE, gpu, idx, dm.k, true)?;
             &owned
         }
@@ -41,7 +48,7 @@ pub fn use_hopper_fwd(gpu: &Gpu, dp: usize, reference_rounding: bool, dedup: boo
     gpu.hopper() && dp == 512 && !reference_rounding && !dedup && SA90_FWD_SMEM_BYTES <= gpu.props().max_shared_per_block_optin as usize
 }
 
-/// The box of `fwd_sm90.cu`'s Q loads (SA90_Q_TMA): one SW128 group, 64 columns x 64 heads.
+/// The box of `fwd_sm90.cu`'s Q loads by TMA: one SW128 group, 64 columns x 64 heads.
 pub(super) const SA90_Q_BOX: [u32; 4] = [64, 64, 1, 1];
 
 /// q `[B,S,H,512]` (element `strides` of b, s, h; d-stride 1) as the 4D tensor map of
@@ -67,20 +74,20 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     let out_pad = if dp != dm.d { Some(gpu.scratch(dm.b * dm.s * dm.h * dp * 2)?) } else { None };
     // The Hopper kernel (fwd_sm90.cu): D = 512, 64 heads a CTA, exp2 arithmetic, no dedup.
     let hopper = use_hopper_fwd(gpu, dp, a.reference_rounding, dedup);
-    // Its Q tiles by TMA where q can be mapped (SA90_Q_TMA), unless DSV4_EXTRA_DEFINES has
-    // SA90_Q_TMA=0 (the producer's cp.async, to compare); the define is passed either way
-    // (it overrides DSV4_EXTRA_DEFINES), so the kernel matches the map passed.
-    let q_map = if hopper && crate::runtime::extra_define("SA90_Q_TMA") != Some("0") {
+    let cfg = configured::<SaFwdConfig>()?;
+    // Its Q tiles by TMA where q can be mapped (else by the producer's cp.async): the kernel
+    // is compiled for the map passed.
+    let q_map = if hopper && cfg.q_tma {
         let (dims, strides) = sa90_q_map_shape([dm.b, dm.s, dm.h], &q.strides);
         gpu.tma_map_bf16(q.ptr, &dims, &strides, &SA90_Q_BOX).ok()
     } else {
         None
     };
     let (smem, k, block, grid_y) = if hopper {
-        let k = gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &[("SA90_Q_TMA", (q_map.is_some() as u8).to_string())])?;
+        let k = gpu.kernel("sparse_attention/fwd_sm90.cu", "sparse_attn_fwd_sm90", &fwd_sm90_defines(q_map.is_some()))?;
         (SA90_FWD_SMEM_BYTES, k, 384u32, dm.h.div_ceil(64))
     } else {
-        let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &defines(dp, &tiles, a.reference_rounding, Some(dedup)))?;
+        let k = gpu.kernel("sparse_attention/fwd.cu", "sparse_attn_fwd", &fwd_defines(dp, &tiles, a.reference_rounding, dedup))?;
         (fwd_smem_bytes(dp, tiles.hb, tiles.bn), k, tiles.threads(dp) as u32, tiles.head_blocks(dm.h))
     };
     let p = FwdParams {
@@ -111,11 +118,11 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
         sm_scale: a.sm_scale,
     };
     // fwd_sm90.cu runs one wave of CTAs (one an SM), each taking rows x, x + grid x, ... of
-    // its head block; SA90_FWD_CTAS=N in DSV4_EXTRA_DEFINES caps the wave (tests: several
-    // rows a CTA on small shapes). The portable kernel takes one row a CTA.
+    // its head block (`SaFwdConfig::ctas` caps the wave). The portable kernel takes one row
+    // a CTA.
     let grid_x = if hopper {
-        let cap = crate::runtime::extra_define("SA90_FWD_CTAS").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
-        let wave = cap.unwrap_or(usize::MAX).min((gpu.props().sm_count as usize / grid_y).max(1));
+        let cap = if cfg.ctas > 0 { cfg.ctas as usize } else { usize::MAX };
+        let wave = cap.min((gpu.props().sm_count as usize / grid_y).max(1));
         (dm.b * dm.s).min(wave)
     } else {
         dm.b * dm.s
@@ -127,8 +134,8 @@ fn run_forward(gpu: &Gpu, a: &SparseAttentionArgs, dm: Dims, tiles: Tiles, src: 
     // dereferenced; out (or the padded [B,S,H,dp] scratch) and lse are contiguous
     // [B,S,H,D] / [B,S,H] outputs (checked by the caller); B*S, K, T fit in int32; `smem`
     // is this tile's layout, which the kernel checks. fwd_sm90.cu's second parameter is a
-    // TmaDesc: q's map (q as [B,S,H,512] at its strides: TMA reads only elements of q) with
-    // SA90_Q_TMA=1, zeros (unread) with SA90_Q_TMA=0.
+    // TmaDesc: q's map (q as [B,S,H,512] at its strides: TMA reads only elements of q) when
+    // the kernel was compiled for it (SA90_Q_TMA=1), zeros (unread) otherwise.
     if hopper {
         unsafe { k.launch2(grid, [block, 1, 1], smem as u32, &p, &q_map.unwrap_or(TmaDesc::ZERO))? };
     } else {

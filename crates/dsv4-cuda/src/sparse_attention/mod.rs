@@ -1,6 +1,9 @@
 //! Sparse MQA attention with sinks on the GPU (SPEC.md section 1) and its index plans
 //! (section 6): launchers for `kernels/sparse_attention/`.
 //!
+//! - `fwd_sm90.cu` / `bwd_sm90.cu` (sm_90a, D = 512, 64 heads a CTA): a producer warpgroup
+//!   and two wgmma consumers (their headers say how); `forward.rs` and `backward.rs` choose
+//!   them. `config.rs`: the kernels' typed configs and the defines rendered from them.
 //! - `fwd.cu`: one CTA per (query row, head block); gathered K/V tiles double-buffered by
 //!   cp.async; `S = Q K^T` and `O += P V` on mma.sync m16n8k16 bf16; online softmax whose
 //!   running max starts at the sink. With `SA_DEDUP=1` over a sorted plan it is the dense
@@ -19,6 +22,7 @@
 //! computed padded and cut back to D by the same kernel.
 
 mod backward;
+mod config;
 mod deterministic;
 mod forward;
 mod params;
@@ -31,20 +35,24 @@ use dsv4_core::ops::sparse_attention::{BackwardImpl, Dims, SparseAttentionArgs, 
 use dsv4_core::ops::sparse_indices::SparseIndexPlan;
 use dsv4_core::{DType, Error, Result, Tensor, TensorView, TensorViewMut};
 
-pub use backward::{backward, bwd_head_blocks, use_hopper_bwd, SA90_BWD_HEADS, SA90_BWD_SMEM_BYTES};
-pub use deterministic::{ContribFormat, DeterministicWaves};
+pub(crate) use backward::backward;
+pub use backward::{bwd_head_blocks, use_hopper_bwd};
+pub(crate) use config::compile_variants;
+pub use config::{SaBwdConfig, SaDetConfig, SaFwdConfig};
+pub use deterministic::ContribFormat;
 use forward::{sa90_q_map_shape, SA90_Q_BOX};
-pub use forward::{dense, forward, use_hopper_fwd, SA90_FWD_SMEM_BYTES};
-pub use params::*;
-pub use plan::plan;
+pub use forward::use_hopper_fwd;
+pub(crate) use forward::{dense, forward};
+pub(crate) use params::*;
+pub(crate) use plan::plan;
 use plan::plan_impl;
-use tiles::defines;
-pub use tiles::{bwd_smem_bytes, choose_tiles, fwd_smem_bytes, Pass, Tiles};
+pub use tiles::{choose_tiles, kernel_d, Pass, Tiles};
+pub(crate) use tiles::{bwd_smem_bytes, fwd_smem_bytes};
 
 use crate::runtime::{Gpu, Kernel, TmaDesc};
 
 /// Whether these kernels can run (`is_kernel_available("sparse_attn")`).
-pub const READY: bool = true;
+pub(crate) const READY: bool = true;
 
 const OP_FWD: &str = "sparse_attention";
 const OP_BWD: &str = "sparse_attention_backward";
@@ -53,11 +61,22 @@ const OP_PLAN: &str = "plan_sparse_indices";
 // ---------------------------------------------------------------------------------------
 // Input checks and preparation
 
+/// The call's sizes from its arguments, which dsv4-core validated (`SparseAttentionArgs::
+/// validate`) before calling the backend.
+fn dims(a: &SparseAttentionArgs) -> Dims {
+    let q = a.q.shape();
+    let t = match &a.indices {
+        SparseIndices::TopK(idx) => idx.shape()[2],
+        SparseIndices::Plan(plan) => plan.slots,
+    };
+    Dims { b: q[0], s: q[1], h: q[2], d: q[3], k: a.kv.shape()[1], t }
+}
+
 fn unavailable(op: &'static str, reason: impl Into<String>) -> Error {
     Error::Unavailable { backend: "cuda".into(), op, reason: reason.into() }
 }
 
-/// What this backend takes, checked before anything is written.
+/// What this backend takes beyond dsv4-core's checks, checked before anything is written.
 fn check_supported(op: &'static str, pass: Pass, gpu: &Gpu, dm: Dims, bf16_args: &[(&str, &TensorView)]) -> Result<Tiles> {
     for (name, v) in bf16_args {
         if v.dtype() != DType::BF16 {
@@ -74,13 +93,6 @@ fn check_supported(op: &'static str, pass: Pass, gpu: &Gpu, dm: Dims, bf16_args:
     let smem_max = gpu.props().max_shared_per_block_optin as usize;
     let dp = kernel_d(dm.d);
     choose_tiles(pass, dp, dm.h, smem_max).ok_or_else(|| unavailable(op, format!("D = {} (kernel D = {dp}), H = {}: even the smallest tile needs more than the device's {smem_max} bytes of shared memory per block", dm.d, dm.h)))
-}
-
-/// The head dim the kernels run at: D rounded up to a multiple of 64. Inputs of another D
-/// are copied with zero columns appended (a zero column adds 0 to every q.k and gives a
-/// zero column of out, dq and dkv), and results are cut back to D.
-pub fn kernel_d(d: usize) -> usize {
-    d.next_multiple_of(64)
 }
 
 fn strides_i64(v: &TensorView) -> Vec<i64> {
@@ -178,11 +190,10 @@ fn index_source(op: &'static str, indices: &SparseIndices, dm: Dims) -> Result<I
     }
 }
 
-/// A cuda plan: `indices [B*S,1,W]` i32 contiguous global coordinates, valid first.
+/// A cuda plan (dsv4-core checked its backend and sizes): `indices [B*S,1,W]` i32
+/// contiguous global coordinates, valid first. Its tensors are public fields, so their
+/// layout is checked here, before the kernels read them.
 fn plan_source(op: &'static str, plan: &SparseIndexPlan, dm: Dims) -> Result<IndexSource> {
-    if plan.backend != "cuda" {
-        return Err(Error::value(op, "plan", "a plan made for backend `cuda`", format!("a plan for backend `{}`", plan.backend)));
-    }
     let v = plan.indices.view();
     let w = *v.shape().last().unwrap_or(&0);
     if v.dtype() != DType::I32 || v.shape() != [dm.b * dm.s, 1, w] || !v.is_contiguous() {
@@ -200,9 +211,3 @@ fn out_ptr(v: &TensorViewMut) -> u64 {
     v.as_view().address()
 }
 
-/// The kernel variants this family's launchers can select, rendered from their configs
-/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
-/// listed are compiled from their `// dsv4-test-defines:` lines.
-pub fn compile_variants() -> Vec<crate::tuning::Variant> {
-    Vec::new()
-}

@@ -6,15 +6,17 @@ use super::*;
 /// trip: `indices` i32 `[B*S,1,T]` global `b*K+k` ascending (duplicates kept) then -1,
 /// `topk_length` i32 `[B*S]`, and unless `all_rows_nonempty`, `valid_rows` i64 `[B*S]`:
 /// the nonempty rows ascending, then -1 (a fixed length, so no count is read back).
-pub fn plan(gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize, all_rows_nonempty: bool) -> Result<SparseIndexPlan> {
+/// dsv4-core checked the selection and that B*K fits in int32.
+pub(crate) fn plan(gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize, all_rows_nonempty: bool) -> Result<SparseIndexPlan> {
     plan_impl(OP_PLAN, gpu, topk_idxs, kv_len, all_rows_nonempty)
 }
 
+/// `plan` for `op`; the caller has checked that B*K (the global coordinates) fits in int32.
 pub(super) fn plan_impl(op: &'static str, gpu: &Gpu, topk_idxs: &TensorView, kv_len: usize, all_rows_nonempty: bool) -> Result<SparseIndexPlan> {
     let (b, s, t) = (topk_idxs.shape()[0], topk_idxs.shape()[1], topk_idxs.shape()[2]);
     let rows = b * s;
-    if rows > i32::MAX as usize || t > i32::MAX as usize || (b as u64) * (kv_len as u64) > i32::MAX as u64 {
-        return Err(unavailable(op, format!("B*S = {rows}, T = {t} and B*K = {} must fit in int32", b * kv_len)));
+    if rows > i32::MAX as usize || t > i32::MAX as usize {
+        return Err(unavailable(op, format!("B*S = {rows} and T = {t} must fit in int32")));
     }
     let sort_cap = t.max(1).next_power_of_two();
     let smem = sort_cap * 4;

@@ -78,10 +78,9 @@ pub fn choose_tiles(pass: Pass, d: usize, h: usize, smem_max: usize) -> Option<T
     None
 }
 
-pub(super) fn defines(d: usize, t: &Tiles, natural_exp: bool, dedup: Option<bool>) -> Vec<(&'static str, String)> {
-    let mut v = vec![("SA_D", d.to_string()), ("SA_HB", t.hb.to_string()), ("SA_BN", t.bn.to_string()), ("SA_DW", t.dw.to_string()), ("SA_NATURAL_EXP", (natural_exp as i32).to_string())];
-    if let Some(dd) = dedup {
-        v.push(("SA_DEDUP", (dd as i32).to_string()));
-    }
-    v
+/// The head dim the kernels run at: D rounded up to a multiple of 64. Inputs of another D
+/// are copied with zero columns appended (a zero column adds 0 to every q.k and gives a
+/// zero column of out, dq and dkv), and results are cut back to D.
+pub fn kernel_d(d: usize) -> usize {
+    d.next_multiple_of(64)
 }
