@@ -4,7 +4,7 @@
                                  [--slots 640] [--iters 50] [--cooldown-ms 500] [--json FILE]
 
 Targets: ``nemo-layer`` (NeMo AutoModel's DeepseekV4Attention forward + backward, the
-seeds' torch path against ours, with peak memory; needs nemo_automodel), ``attention`` (forward, backward atomic and deterministic, through the
+seeds' torch path, and their TileLang path where ``tilelang`` is installed, against ours, with peak memory; needs nemo_automodel), ``attention`` (forward, backward atomic and deterministic, through the
 ``torch.ops.dsv4`` ops that autograd calls, with and without a plan), ``indexer``
 (scores, ``lightning_indexer`` = scores + top-k, top-k scores forward + backward),
 ``sinkhorn``, ``qnorm_rope``, ``builder``; ``all`` (the default) is every kernel target.
@@ -192,7 +192,15 @@ def bench_nemo_layer(a, rows, add):
     cfg = DeepseekV4Config(num_hidden_layers=1, compress_ratios=[4], hidden_size=4096, num_attention_heads=64, head_dim=512, index_topk=512, sliding_window=128)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device(DEV):
-        layer = L.DeepseekV4Attention(cfg, 0, backend=BackendConfig(attn="torch"))
+        torch_layer = L.DeepseekV4Attention(cfg, 0, backend=BackendConfig(attn="torch"))
+        try:  # the seeds' TileLang kernels, where tilelang is installed
+            import tilelang  # noqa: F401
+
+            tl_layer = L.DeepseekV4Attention(cfg, 0, backend=BackendConfig(attn="tilelang"))
+            tl_layer.load_state_dict(torch_layer.state_dict())
+        except Exception as e:  # noqa: BLE001 - optional peer
+            print(f"nemo-layer: no seeds-tilelang row ({type(e).__name__}: {e})", flush=True)
+            tl_layer = None
     torch.set_default_dtype(torch.float32)
     rot = L.DeepseekV4RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.qk_rope_head_dim / cfg.head_dim).to(DEV)
     rotc = L.DeepseekV4RotaryEmbedding(cfg.compress_rope_theta, cfg.head_dim, cfg.qk_rope_head_dim / cfg.head_dim, rope_scaling=cfg.rope_scaling).to(DEV)
@@ -203,21 +211,22 @@ def bench_nemo_layer(a, rows, add):
         mask = L.build_causal_padding_mask(None, s, torch.bfloat16, DEV, a.b, sliding_window=128)
         g = torch.randn(a.b, s, 4096, device=DEV, dtype=torch.bfloat16)
 
-        def step():
+        def step(layer):
             out, _ = layer(x, pe, attention_mask=mask, position_embeddings_compress=pec, rotary_compress=rotc, position_ids=pos)
             out.backward(g)
             layer.zero_grad(set_to_none=True)
             x.grad = None
 
         shape = f"B={a.b} S={s} hidden=4096 H=64 D=512"
-        for name, patched in (("ours", True), ("seeds-torch", False)):
+        runs = [("ours", True, torch_layer), ("seeds-torch", False, torch_layer)] + ([("seeds-tilelang", False, tl_layer)] if tl_layer is not None else [])
+        for name, patched, layer in runs:
             handle = apply_dsv4_kernels_to_nemo() if patched else None
             try:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 try:
-                    add(rows, f"nemo-layer fwd+bwd {name}", shape, step, peer_of=None if patched else "nemo-layer fwd+bwd ours")
+                    add(rows, f"nemo-layer fwd+bwd {name}", shape, lambda: step(layer), peer_of=None if patched else "nemo-layer fwd+bwd ours")
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     print(f"nemo-layer fwd+bwd {name:20s} {shape}: out of memory", flush=True)
@@ -228,7 +237,7 @@ def bench_nemo_layer(a, rows, add):
                 print(f"    peak memory above the inputs: {peak:.2f} GiB", flush=True)
                 if patched:
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                        step()
+                        step(layer)
                         torch.cuda.synchronize()
                     ours_us = total_us = 0.0
                     for e in prof.key_averages():
@@ -237,10 +246,43 @@ def bench_nemo_layer(a, rows, add):
                             ours_us += t
                         total_us += t
                     rows[-1]["ours_kernels_share"] = ours_us / max(total_us, 1e-9)
-                    print(f"    this project's kernels: {ours_us / 1e3:.3f} ms of {total_us / 1e3:.3f} ms of CUDA time", flush=True)
+                    print(f"    this project's kernels: {ours_us / 1e3:.3f} ms of {total_us / 1e3:.3f} ms of CUDA time; the largest:", flush=True)
+                    top_kernels(prof)
             finally:
                 if handle is not None:
                     handle.undo()
+
+
+def host_profile(fn, n, top=10):
+    """Where one call's host time goes: cProfile over ``n`` queued calls, the functions with
+    the most own time (microseconds per call), native calls included."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    entries = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    total = sum(v[2] for v in st.stats.values())
+    print(f"    host profile ({n} calls, {total / n * 1e6:.1f} us/call of own time in all):", flush=True)
+    for (file, line, func), (cc, nc, tt, ct, _) in entries:
+        where = func if file == "~" else f"{file.rsplit('/', 2)[-2]}/{file.rsplit('/', 1)[-1]}:{line}({func})"
+        print(f"      {tt / n * 1e6:8.2f} us own {ct / n * 1e6:8.2f} us cum  x{nc / n:4.1f}  {where}", flush=True)
+
+
+def top_kernels(prof, top=15):
+    """The profiler's CUDA kernels with the most device time (ms per profiled step)."""
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        rows.append((t, e.count, e.key))
+    for t, c, k in sorted(rows, reverse=True)[:top]:
+        print(f"      {t / 1e3:8.3f} ms  x{c:<4d} {k[:110]}", flush=True)
 
 
 TARGETS = {"attention": bench_attention, "indexer": bench_indexer, "sinkhorn": bench_sinkhorn, "qnorm_rope": bench_qnorm_rope, "builder": bench_builder, "nemo-layer": bench_nemo_layer}
@@ -257,6 +299,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--cooldown-ms", type=float, default=500.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="after each row of ours, profile N calls with cProfile and print where the host time goes")
     a = ap.parse_args(argv)
     names = [n for n in TARGETS if n != "nemo-layer"] if "all" in a.targets else a.targets
     rows = []
@@ -272,6 +316,8 @@ def main(argv=None):
         rows.append(row)
         ratio = f"  peer/ours {row['peer_over_ours']:.2f}x" if "peer_over_ours" in row else ""
         print(f"{name:44s} {shape:34s} gpu {gpu:9.4f}  host {host:8.4f}  cool {cool:9.4f} ms{ratio}", flush=True)
+        if a.host_profile and peer_of is None:
+            host_profile(fn, a.host_profile)
 
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, iters {a.iters}, cooldown {a.cooldown_ms} ms", flush=True)

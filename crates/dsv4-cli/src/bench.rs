@@ -147,19 +147,18 @@ fn random_selection(rng: &mut Rng, b: usize, s: usize, p: usize, r: usize, k: us
 }
 
 /// The attention table's options (`dsv4 bench` flags).
-struct AttnOpts<'a> {
+struct AttnOpts {
     fwd_only: bool,
     bwd_only: bool,
     /// `--atomic-only`: of the backward rows, the atomic one alone (variant sweeps).
     atomic_only: bool,
     plan_first: bool,
-    trace_out: Option<&'a str>,
     /// `--workspace-mib N`: the deterministic backward's workspace (default: the library's).
     workspace: Option<usize>,
 }
 
 fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: usize, o: &AttnOpts) -> Result<()> {
-    let AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, trace_out, workspace } = *o;
+    let AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, workspace } = *o;
     let (b, window, topk, r) = (1, 128, 512, 4);
     let st = Staged { device: DEV };
     let p = s / r;
@@ -187,7 +186,7 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     let mut pargs = args.clone();
     pargs.indices = SparseIndices::Plan(&plan);
     // `plan_first`: the plan forward timed before the plain one (the order's effect on the
-    // two rows; the trace below is still the plan forward's last run).
+    // two rows).
     let fwd_orders: &[bool] = match (bwd_only, plan_first) {
         (true, _) => &[],
         (false, true) => &[true, false],
@@ -200,13 +199,6 @@ fn bench_sparse_attention(bn: &mut Bench, rng: &mut Rng, s: usize, h: usize, d: 
     }
     if plan_first || bwd_only {
         sa::sparse_attention_into(CUDA, &pargs, &mut out.view_mut(), &mut lse.view_mut())?;
-    }
-    if let Some(path) = trace_out {
-        // lse of the last plan forward, raw f32 bits: with DSV4_EXTRA_DEFINES=SA90_TRACE=1 it
-        // holds the Hopper forward's clock trace (fwd_sm90.cu; research/sa90_trace.py reads it).
-        let bits: Vec<u8> = lse.to_f32_vec()?.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
-        let file = format!("{path}.s{s}.h{h}.d{d}.bin");
-        std::fs::write(&file, bits).map_err(|e| Error::Data(format!("--trace-out {file}: {e}")))?;
     }
     if fwd_only {
         return Ok(());
@@ -418,12 +410,16 @@ pub fn main(args: &[String]) -> Result<bool> {
         Some(v) => Some(v.parse::<usize>().ok().filter(|m| *m > 0).map(|m| m << 20).ok_or_else(|| Error::Data(format!("--workspace-mib {v}: a positive number of MiB")))?),
         None => None,
     };
-    let trace_out = crate::opt(args, "--trace-out");
+    if let Some(pairs) = crate::opt(args, "--config") {
+        // The lab build's kernel config overrides (`sa_bwd.c0_chunks=3,...`); an error in
+        // the default build, whose kernels are the shipped ones.
+        dsv4_cuda::tuning::set_overrides(&dsv4_cuda::tuning::parse_pairs(pairs))?;
+    }
     let plan_first = args.iter().any(|a| a == "--plan-first");
     let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
     let mut bn = Bench::new(iters, cooldown_ms)?;
     let mut rng = Rng(42);
-    let attn = AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, trace_out, workspace };
+    let attn = AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, workspace };
     let all = what == "all";
     let mut ran = false;
     if all || what == "sparse-attention" {

@@ -15,7 +15,7 @@ const USAGE: &str = "usage:
       evaluation of the reference (SPEC.md section 8); exits 1 on any failure
   dsv4 bench <sparse-attention|indexer|sinkhorn|qnorm-rope|all> [--json] [--iters N] [--fwd-only]
              [--bwd-only] [--atomic-only] [--workspace-mib N] [--topk-scores-only] [--s N] [--m N] [--no-sweep]
-             [--plan-first] [--cooldown-ms N] [--trace-out PREFIX]
+             [--plan-first] [--cooldown-ms N] [--config KEY=VALUE,...]
       GPU timings (CUDA events, medians) against the measured H200 ceilings; --fwd-only:
       attention forwards only; --bwd-only: attention backwards only; --atomic-only: of the
       attention backwards, the atomic one only (no fwd+bwd row); --workspace-mib N: the
@@ -25,9 +25,8 @@ const USAGE: &str = "usage:
       table; --no-sweep: the attention's two main shapes only (no other head counts or dims);
       --plan-first: the attention's plan forward timed before the plain one; --cooldown-ms N:
       idle time before each row (default 500: every row starts below the GPU's power cap);
-      --trace-out PREFIX:
-      each attention shape's lse after its plan forward, raw f32, to PREFIX.s<S>.h<H>.d<D>.bin
-      (with DSV4_EXTRA_DEFINES=SA90_TRACE=1: the Hopper forward's clock trace)
+      --config KEY=VALUE,...: kernel config overrides (e.g. sa_bwd.c0_chunks=3; a build with
+      the `tuning` feature only, see docs/tuning.md)
   dsv4 info
       backends and devices this process sees";
 
