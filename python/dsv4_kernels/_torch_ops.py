@@ -100,7 +100,7 @@ def _sparse_attention_backward(ctx, grad_out, grad_lse):
     q, kv, sinks, topk_idxs, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dkv, dsinks = sparse_attention_backward(q, kv, sinks, topk_idxs, out, lse, grad_out.contiguous(), ctx.sm_scale, ctx.backend, ctx.reference_rounding,
+    dq, dkv, dsinks = call.sparse_attention_backward(q, kv, sinks, topk_idxs, out, lse, grad_out.contiguous(), ctx.sm_scale, ctx.backend, ctx.reference_rounding,
                                                 ctx.all_rows_nonempty, ctx.plan_id, ctx.backward_impl, ctx.backward_workspace_bytes)
     return _grads(ctx, dq, dkv, dsinks)
 
@@ -144,7 +144,7 @@ def _indexer_scores_backward(ctx, grad):
     q, pooled_kv, weights = ctx.saved_tensors
     b, s, p = q.shape[0], q.shape[1], pooled_kv.shape[1]
     every = torch.arange(p, dtype=torch.int32, device=q.device).expand(b, s, p)
-    dq, dw, dkv = indexer_topk_scores_backward(q, pooled_kv, weights, every, grad.contiguous(), ctx.softmax_scale, ctx.compress_ratio, ctx.query_start, ctx.query_total_len, ctx.backend, False)
+    dq, dw, dkv = call.indexer_topk_scores_backward(q, pooled_kv, weights, every, grad.contiguous(), ctx.softmax_scale, ctx.compress_ratio, ctx.query_start, ctx.query_total_len, ctx.backend, False)
     return _grads(ctx, dq, dkv.to(pooled_kv.dtype), dw)
 
 
@@ -211,7 +211,7 @@ def _indexer_topk_scores_setup(ctx, inputs, output):
 
 def _indexer_topk_scores_backward(ctx, grad):
     q, pooled_kv, weights, topk_indices = ctx.saved_tensors
-    dq, dw, dkv = indexer_topk_scores_backward(q, pooled_kv, weights, topk_indices, grad.contiguous(), ctx.softmax_scale, ctx.compress_ratio, ctx.query_start, ctx.query_total_len, ctx.backend, False)
+    dq, dw, dkv = call.indexer_topk_scores_backward(q, pooled_kv, weights, topk_indices, grad.contiguous(), ctx.softmax_scale, ctx.compress_ratio, ctx.query_start, ctx.query_total_len, ctx.backend, False)
     return _grads(ctx, dq, dkv.to(pooled_kv.dtype), dw)
 
 
@@ -250,7 +250,7 @@ def _sinkhorn_setup(ctx, inputs, output):
 def _sinkhorn_backward(ctx, dout):
     (x,) = ctx.saved_tensors
     # Non-contiguous dout (a transposed matmul site's gradient) is taken as it is.
-    return _grads(ctx, sinkhorn_backward(x, dout, ctx.repeat, ctx.eps, ctx.backend))
+    return _grads(ctx, call.sinkhorn_backward(x, dout, ctx.repeat, ctx.eps, ctx.backend))
 
 
 sinkhorn.register_autograd(_sinkhorn_backward, setup_context=_sinkhorn_setup)
@@ -297,7 +297,7 @@ def _qnorm_rope_setup(ctx, inputs, output):
 def _qnorm_rope_backward(ctx, grad, grad_rstd):
     x, cos, sin, rstd = ctx.saved_tensors
     # grad may have any strides (the kernel reads them).
-    return _grads(ctx, qnorm_rope_backward(x, cos, sin, ctx.rotary, ctx.eps, rstd, grad, ctx.backend))
+    return _grads(ctx, call.qnorm_rope_backward(x, cos, sin, ctx.rotary, ctx.eps, rstd, grad, ctx.backend))
 
 
 qnorm_rope.register_autograd(_qnorm_rope_backward, setup_context=_qnorm_rope_setup)
@@ -321,3 +321,68 @@ def build_sparse_topk_indices(batch_size: int, seq_len: int, key_len: int, windo
 def _(batch_size, seq_len, key_len, window_size, device, attention_mask, compress_ratio, compressed_topk, n_pooled, vanilla_key_len, q_positions, vision_token_types, max_image_tokens):
     width = ops.build_indices_width(seq_len, key_len, window_size, compress_ratio, compressed_topk, n_pooled, vanilla_key_len, vision_token_types is not None, max_image_tokens, batch_size)
     return torch.empty((batch_size, seq_len, width), dtype=torch.int32, device=device)
+
+
+# -- calls -------------------------------------------------------------------------------
+
+
+def _plain(args) -> bool:
+    """Whether a call may skip the custom-op dispatcher: no torch.compile trace and no
+    dispatch mode (make_fx, fake or functional tensors) active, every tensor a plain one."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(type(a) is Tensor for a in args if isinstance(a, Tensor))
+
+
+def _eager_function(name, impl, setup, backward):
+    """The op as a ``torch.autograd.Function`` over the same implementation, context setup
+    and backward that the custom op registers (a ``forward(ctx, ...)`` that runs both: a
+    separate ``setup_context`` would make every call bind its arguments by inspection)."""
+
+    def forward(ctx, *args):
+        output = impl(*args)
+        setup(ctx, args, output)
+        return output
+
+    return type(f"_{name}_function", (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+class _Calls:
+    """The ops as the package calls them. While torch.compile or another tracer runs, the
+    ``torch.ops.dsv4`` custom ops (one opaque node each, with their fake kernels). In eager
+    mode the same implementations directly, through a ``torch.autograd.Function`` where the
+    op has a backward: the results, the autograd graph and the streams are the same, without
+    the custom-op dispatcher's Python on every call (tens of microseconds a call, more than
+    our own launch path)."""
+
+    def add(self, op, setup=None, backward=None):
+        impl = getattr(op, "_init_fn", None)
+        if impl is None:  # a torch without CustomOpDef._init_fn: the custom op every time
+            eager = op
+        elif backward is None:
+            eager = impl
+        else:
+            eager = _eager_function(op._name, impl, setup, backward).apply
+
+        def call(*args):
+            return eager(*args) if _plain(args) else op(*args)
+
+        call.__name__ = call.__qualname__ = op._name
+        call.__doc__ = impl.__doc__ if impl is not None else None
+        setattr(self, op._name, call)
+
+
+call = _Calls()
+call.add(sparse_attention, _sparse_attention_setup, _sparse_attention_backward)
+call.add(sparse_attention_backward)
+call.add(dense_attention_topk)
+call.add(indexer_scores, _indexer_scores_setup, _indexer_scores_backward)
+call.add(indexer_topk)
+call.add(lightning_indexer)
+call.add(indexer_topk_scores, _indexer_topk_scores_setup, _indexer_topk_scores_backward)
+call.add(indexer_topk_scores_backward)
+call.add(sinkhorn, _sinkhorn_setup, _sinkhorn_backward)
+call.add(sinkhorn_backward)
+call.add(qnorm_rope, _qnorm_rope_setup, _qnorm_rope_backward)
+call.add(qnorm_rope_backward)
+call.add(build_sparse_topk_indices)

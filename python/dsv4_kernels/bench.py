@@ -5,7 +5,7 @@
 
 Targets: ``nemo-layer`` (NeMo AutoModel's DeepseekV4Attention forward + backward, the
 seeds' torch path, and their TileLang path where ``tilelang`` is installed, against ours, with peak memory; needs nemo_automodel), ``attention`` (forward, backward atomic and deterministic, through the
-``torch.ops.dsv4`` ops that autograd calls, with and without a plan), ``indexer``
+ops that the public functions and autograd call, with and without a plan), ``indexer``
 (scores, ``lightning_indexer`` = scores + top-k, top-k scores forward + backward),
 ``sinkhorn``, ``qnorm_rope``, ``builder``; ``all`` (the default) is every kernel target.
 
@@ -31,9 +31,10 @@ import time
 import torch
 
 import dsv4_kernels as dk
+from dsv4_kernels import _torch_ops
 
 DEV = "cuda"
-_ops = torch.ops.dsv4
+_ops = _torch_ops.call  # what the public functions call: the custom ops under torch.compile, their implementations in eager mode
 
 
 def timed(fn, iters, cooldown_ms):

@@ -29,7 +29,8 @@ Dsv4SinkhornBackend = Literal["torch", "tilelang", "cuda", "auto"]
 if torch is not None:
     from . import _torch_ops, _torch_ref
 
-    _dsv4 = torch.ops.dsv4
+    # The ops: torch.ops.dsv4 while torch.compile traces, their implementations in eager mode.
+    _dsv4 = _torch_ops.call
 
 # The seed backend names that select the torch composites for torch tensors.
 _TORCH_BACKENDS = ("torch", "sparse_torch")
