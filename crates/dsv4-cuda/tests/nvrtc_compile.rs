@@ -154,7 +154,7 @@ fn disk_cache_round_trip() {
     let dir = std::env::temp_dir().join(format!("dsv4-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::env::set_var("DSV4_CACHE_DIR", &dir);
-    let defines = [("SINKHORN_N", "4".to_string())];
+    let defines = [("SINKHORN_N", "4".to_string()), ("SINKHORN_VEC", "0".to_string()), ("SINKHORN_FWD_NEWTON", "4".to_string())];
     let first = compile_cached("sinkhorn/fwd.cu", &defines, "sm_90a", false).unwrap_or_else(|e| panic!("{e}"));
     assert!(!first.from_cache);
     let path = first.path.clone().expect("a cache path");
@@ -164,7 +164,7 @@ fn disk_cache_round_trip() {
     assert_eq!(second.cubin, first.cubin);
     assert_eq!(second.entries, first.entries);
     // Another define set is another entry.
-    let other = compile_cached("sinkhorn/fwd.cu", &[("SINKHORN_N", "8".to_string())], "sm_90a", false).unwrap();
+    let other = compile_cached("sinkhorn/fwd.cu", &[("SINKHORN_N", "8".to_string()), ("SINKHORN_VEC", "0".to_string()), ("SINKHORN_FWD_NEWTON", "4".to_string())], "sm_90a", false).unwrap();
     assert_ne!(other.path, first.path);
     // Corrupt the entry: it is recompiled and rewritten.
     let mut bytes = std::fs::read(&path).unwrap();

@@ -20,14 +20,9 @@
 // every CTA its own zeroed partial slice [P,D]: the owner thread of column d updates it by
 // plain read-modify-write in (query, slot) order, so no two threads ever touch one
 // address; `indexer_bwd_reduce` then sums the slices in chunk order. Bitwise reproducible.
+//
+// Defines: BWD_THREADS (the CTA size, a multiple of 32), BWD_NS (slots per step).
 #include "indexer/params.cuh"
-
-#ifndef BWD_THREADS
-#define BWD_THREADS 256
-#endif
-#ifndef BWD_NS
-#define BWD_NS 8
-#endif
 
 namespace {
 

@@ -38,18 +38,9 @@
 // dw uses the f32 products. Shape limits (the host falls back to bwd.cu beyond them):
 // H <= 64, D <= 128.
 //
-// dsv4-test-defines: IDX_H=17 IDX_D=40
-// dsv4-test-defines: IDX_H=3 IDX_D=20
-// dsv4-test-defines: IDX_H=64 IDX_D=64
+// Defines: IDX_H heads, IDX_D head dim.
 #include "indexer/params.cuh"
 #include "indexer/mma.cuh"
-
-#ifndef IDX_H
-#define IDX_H 64
-#endif
-#ifndef IDX_D
-#define IDX_D 128
-#endif
 
 namespace {
 

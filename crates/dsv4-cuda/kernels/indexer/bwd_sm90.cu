@@ -14,15 +14,12 @@
 //                                                        (G^T K-major, q N-major)
 // dkv_tile goes to global memory from the accumulators (shuffles within a quad so that each
 // lane holds 4 columns of one slot row, a warp's reduction covering 8 slot rows x 64 B: one
-// red.global.add.v4.f32 each; on the H200 0.4 % faster than lane pairs' 16 rows x 32 B); dq (bf16) and dw
+// red.global.add.v4.f32 each); dq (bf16) and dw
 // of a query are written once, from the registers. Every wgmma form here is one the
 // attention kernels use and hopper_probe.cu checks: S = Q K^T (A), dq += dS K (dq, A from
 // the accumulator layout), dKV = dS^T Q with dS^T stored by stmatrix .trans (dkv_tile).
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: IDX_H=17 IDX_D=40
-// dsv4-test-defines: IDX_H=1 IDX_D=64
-// dsv4-test-defines: IDX_H=33 IDX_D=128
 //
 // CTA: a persistent grid (at most one CTA per SM); CTA x takes the query rows x, x + G,
 // x + 2G, ... (G = gridDim.x; rows of all batches, row = b * S + s), alternately to its two
@@ -60,7 +57,7 @@
 // tables key [2][NST][64] i32, g*scale [2][NST][64] f32, and the mbarriers. Mirrored by
 // `bwd_sm90_smem_bytes` in src/indexer/config.rs.
 //
-// Shapes: IDX_H heads <= 64 (the wgmma M; q rows past H are zero), IDX_D head dim <= 128,
+// Defines: IDX_H heads <= 64 (the wgmma M; q rows past H are zero), IDX_D head dim <= 128,
 // a multiple of 8 (one or two SW128 groups, zero columns past D; dkv reductions of 4
 // columns stay inside a row). Deterministic mode stays on bwd_mma.cu (two consumers and
 // many CTAs add into the same dkv rows in a schedule-dependent order).
@@ -68,13 +65,6 @@
 #include "indexer/mma.cuh"
 #include "hopper.cuh"
 #include "wgmma.cuh"
-
-#ifndef IDX_H
-#define IDX_H 64
-#endif
-#ifndef IDX_D
-#define IDX_D 128
-#endif
 
 namespace {
 

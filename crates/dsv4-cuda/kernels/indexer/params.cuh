@@ -9,8 +9,7 @@
 // scores.cu: `indexer_scores` (dense causal scores); with IDX_GATHER=1,
 // `indexer_topk_scores` (the scores of a given selection); with IDX_FUSED=1, the fused
 // scores + top-k (the scores of a query never leave shared memory).
-// scores_sm90.cu (Hopper wgmma) takes the same struct for dense and fused scores; its
-// fused mode keeps the rows in the `rows` scratch (L2) instead of shared memory.
+// scores_sm90.cu (Hopper wgmma) takes the same struct for dense scores.
 struct IndexerScoresParams {
     const bf16* q;        // [B,S,H,D], d-stride 1, rows 16-byte aligned, readable to round_up(D,8)
     const bf16* kv;       // [B,P,D], same row rules as q
@@ -18,14 +17,14 @@ struct IndexerScoresParams {
     const void* topk;     // [B,S,T] i32 or i64 (gather mode; null otherwise), -1 = masked
     float* out;           // dense: [B, s_count, P]; gather: [B, s_count, T]; fused: values [B, s_count, K]; last dim contiguous
     int* idx;             // fused: indices [B, s_count, K] at out's strides; null otherwise
-    float* rows;          // scores_sm90.cu fused: per-CTA scratch rows [gridDim.x, 4, P] f32; null otherwise
+    float* rows;          // unused (null): keeps the layout the Rust mirror asserts
     i64 q_sb, q_ss, q_sh;  // q strides of b, s, h
     i64 kv_sb, kv_sp;      // pooled_kv strides of b, p
     i64 w_sb, w_ss, w_sh;  // weights strides of b, s, h
     i64 t_sb, t_ss, t_st;  // topk strides of b, s, t (gather mode)
     i64 out_sb, out_ss;    // out strides of b and of the local query (s - s_begin)
     i32 B, S, H, D, P, T;  // T: slots per query (gather mode)
-    i32 s_begin;           // first query of this launch (the fused top-k works in chunks)
+    i32 s_begin;           // first query of this launch (the chunked top-k scores blocks of queries)
     i32 s_count;           // queries of this launch
     i32 query_start;       // global position of local query 0
     i32 compress_ratio;    // r >= 1: query s sees p < (query_start + s + 1) / r

@@ -23,42 +23,13 @@
 // IDX_GATHER=1 is `indexer_topk_scores`: one query per CTA, the "key tile" is BN slots of
 // its selection, gathered by index (masked or invisible slots load zeros and score -inf).
 //
-// Compile-time shape: IDX_H heads, IDX_D head dim (any; rows are padded to 16), IDX_BQ
-// queries per CTA, IDX_BN keys per tile, IDX_NT 8-key n-tiles per warp. The host
-// (`src/indexer/config.rs`, `ScoresTiles`) chooses them and mirrors the shared-memory size.
-// dsv4-test-defines: IDX_GATHER=1 IDX_BN=128
-// dsv4-test-defines: IDX_GATHER=1 IDX_NT=2
-// dsv4-test-defines: IDX_FUSED=1
-// dsv4-test-defines: IDX_BQ=4
-// dsv4-test-defines: IDX_H=17 IDX_D=40
-// dsv4-test-defines: IDX_H=64 IDX_D=256 IDX_NT=2
-// dsv4-test-defines: IDX_H=8 IDX_D=136 IDX_NT=2
-// dsv4-test-defines: IDX_H=8 IDX_D=512 IDX_NT=1 IDX_BQ=1
+// Defines (the host, `src/indexer/config.rs`, chooses them and mirrors the shared-memory
+// size): IDX_H heads, IDX_D head dim (any; rows are padded to 16), IDX_BQ queries per CTA,
+// IDX_BN keys per tile, IDX_NT 8-key n-tiles per warp, IDX_GATHER, IDX_FUSED (the modes
+// above; 0 and 0: dense scores).
 #include "indexer/params.cuh"
 #include "indexer/mma.cuh"
 #include "indexer/select.cuh"
-
-#ifndef IDX_H
-#define IDX_H 64
-#endif
-#ifndef IDX_D
-#define IDX_D 128
-#endif
-#ifndef IDX_BQ
-#define IDX_BQ 2
-#endif
-#ifndef IDX_BN
-#define IDX_BN 64
-#endif
-#ifndef IDX_NT
-#define IDX_NT 4
-#endif
-#ifndef IDX_GATHER
-#define IDX_GATHER 0
-#endif
-#ifndef IDX_FUSED
-#define IDX_FUSED 0
-#endif
 
 namespace {
 
@@ -175,8 +146,7 @@ extern "C" __global__ void IDX_SCORES_BOUNDS indexer_scores(const IndexerScoresP
     };
     // Thread tid copies 16-byte chunk c = tid % DCH_PAD of rows tid / DCH_PAD + i * ROW_STEP
     // of a tile when the CTA's threads cover whole rows (the address arithmetic that does not
-    // depend on the row is done once; the H200 profile of gather mode had ~37 instructions a
-    // copy before); otherwise a plain strided loop.
+    // depend on the row is done once); otherwise a plain strided loop.
     constexpr bool ROW_COPIES = NTHREADS % DCH_PAD == 0 && BN % (NTHREADS / DCH_PAD) == 0;
     constexpr int ROW_STEP = ROW_COPIES ? NTHREADS / DCH_PAD : 1;
     const int copy_c = tid % DCH_PAD, copy_j = tid / DCH_PAD;

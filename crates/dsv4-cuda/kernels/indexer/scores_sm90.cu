@@ -4,83 +4,69 @@
 //                = -inf                                                      otherwise
 //
 // dsv4-archs: sm_90a
-// dsv4-test-defines: IDX_FUSED=1
-// dsv4-test-defines: IDX_H=16 IDX_D=64
-// dsv4-test-defines: IDX_H=17 IDX_D=40 IDX_FUSED=1
-// dsv4-test-defines: IDX_H=32 IDX_D=128
-// dsv4-test-defines: IDX_H=33 IDX_D=72
-// dsv4-test-defines: IDX90_TWO_WG=0
-// dsv4-test-defines: IDX90_TWO_WG=0 IDX_H=17 IDX_D=40
-// dsv4-test-defines: IDX90_TWO_WG_STAGES=5 IDX90_PREFETCH=0
-// dsv4-test-defines: IDX90_DIAG=1
-// dsv4-test-defines: IDX90_DIAG=2
-// dsv4-test-defines: IDX90_PINGPONG=0
-// dsv4-test-defines: IDX90_PINGPONG=0 IDX_H=17 IDX_D=40
-// dsv4-test-defines: IDX90_TMA=0
-// dsv4-test-defines: IDX90_TMA=0 IDX_H=17 IDX_D=40
 //
-// Why a second kernel: scores.cu (mma.sync + ldmatrix) is bound by shared-memory
-// bandwidth (every warp re-reads its operand fragments); wgmma reads both operands from
-// shared memory once per warpgroup instruction, 64 x N x 16 per issue.
+// The dense scores of `indexer_scores` and of the chunked scores + top-k (the selection is
+// topk.cu's; the gather mode of `indexer_topk_scores` stays on scores.cu). scores.cu
+// (mma.sync + ldmatrix) is bound by shared-memory bandwidth (every warp re-reads its
+// operand fragments); wgmma reads both operands from shared memory once per warpgroup
+// instruction, 64 x N x 16 per issue.
 //
 // Orientation: D = A B with M = 64 pooled keys (A = the key tile kv[64][D], K-major) and
-// N = BQ x HPAD = (4 queries) x (heads, padded to 16/32/64) (B = the CTA's q rows, K-major,
-// row n = query n / HPAD, head n % HPAD). A thread's accumulator columns are heads of the
-// same queries for two keys (rows r and r+8, r = 16 * warp + lane / 4): the weighted relu
-// and the head sum are register FMAs over its 2 * HPAD / 8 heads per query, then a
-// reduce-scatter over the 4 lanes of a quad (6 shuffles) leaves lane c with query c's
-// two scores. No cross-warp reduction at all.
+// N = BQ x HPAD = (4 queries) x (heads, padded to 16/32/64) (B = a warpgroup's q rows,
+// K-major, row n = query n / HPAD, head n % HPAD). A thread's accumulator columns are heads
+// of the same queries for two keys (rows r and r+8, r = 16 * warp + lane / 4): the weighted
+// relu and the head sum are register FMAs over its 2 * HPAD / 8 heads per query, then a
+// reduce-scatter over the 4 lanes of a quad (6 shuffles) leaves lane c with query c's two
+// scores. No cross-warp reduction at all.
 //
-// Fused mode: CTA = one consumer warpgroup (warps 0-3: wgmma + epilogue) + one producer
-// warp (warp 4: cp.async of key tiles into a 2-stage ring, full/empty mbarriers). The q
-// block (64 KB at H = 64, D = 128) and the ring (2 x 16 KB) take ~100 KB: two CTAs per SM,
-// so one CTA's epilogue and top-k selection run while the other's wgmma work keeps the
-// tensor cores busy. Dense mode: the same with two consumer warpgroups in one CTA an SM
-// (IDX90_TWO_WG below). BQ = 4 queries share every key tile (L2 traffic: each key tile is
-// read once per 4 queries, ~2 GB at S = 16384 instead of ~4 GB with 2; once per 8 dense).
+// CTA (one an SM, one block of 2 BQ queries of a batch row): two consumer warpgroups
+// (warps 0-7: wgmma + epilogue), each with its own block of BQ queries (its own sq and sw),
+// sharing one key ring of ST stages filled by a producer warp (warp 8): a key tile is read
+// once for 2 BQ queries. The warpgroups take turns on the tensor cores (ping-pong):
+// warpgroup 1 issues tile t's products once warpgroup 0's are done (named barrier
+// BAR_PP_DONE), warpgroup 0 issues tile t + 1's once warpgroup 1's tile t products are
+// issued (BAR_PP_ISSUED), so each warpgroup's epilogue runs under the other's products.
+// The consumers load their q rows while the producer already fills the ring, and first
+// prefetch into L2 the q rows of the block the next CTA on this SM most likely takes (this
+// block + the number of SMs: CTAs start in blockIdx order).
 //
 // Operands are stored in the 128-byte swizzle of hopper.cuh (SW128): the head dim splits
 // into groups of 64 (DG groups), a group is rows of 128 bytes, 16-byte chunk j of row r at
 // chunk j ^ (r % 8). k16 step ks reads group ks / 4 at +32 bytes per step (ks % 4).
-// cp.async copies are generic-proxy writes: the producer waits for its own copies
-// (cp.async.wait_group), fences them to the async proxy (fence.proxy.async), then arrives
-// on the stage's full barrier (the pattern of hopper.cuh: the writing thread fences
-// before the barrier that publishes). The consumer releases a stage after its wgmma group
-// has completed (wgmma.wait_group 0). IDX90_TMA=1 (below) fills the ring with TMA loads
-// instead (async-proxy writes, completed on the full barrier by byte count).
 //
-// Modes (one code path for the scores, so dense and fused values are bitwise equal):
-// - dense (IDX_FUSED=0): one work item (query block) per CTA; each query's row of P
-//   scores goes to `out` (-inf at invisible keys, and past the last computed tile).
-// - fused (IDX_FUSED=1, the lightning indexer's forward): a persistent grid (two CTAs per
-//   SM); each CTA walks query blocks (heaviest first), writes its queries' visible scores
-//   to its own slot of the scratch `rows` [grid, BQ, P] f32 (stays in L2: 64 KB a CTA at
-//   P = 4096, 17 MB for the grid), then selects each query's top-k with select.cuh (the same selection as
-//   topk.cu / scores.cu: same tie rules, same outputs for the same scores). Before the
-//   selection, the row's order-preserving keys are cached in shared memory over the q
-//   block and key ring, which are idle by then (rows longer than that region are read
-//   from the scratch at every pass). The [B,S,P] scores are never materialised.
-// The gather mode (indexer_topk_scores) stays on scores.cu.
+// The key ring, full/empty mbarriers per stage; the consumers release a stage after their
+// wgmma group has completed (wgmma.wait_group 0). Two ways to fill it (IDX90_TMA):
+// - TMA (1): one lane of the producer warp, per tile: wait for the stage to be free
+//   (empty), arm its full barrier with the bytes to come (mbarrier.arrive.expect_tx; full is
+//   initialised with count 1), and issue DG box loads (64 keys x 64 head-dim columns,
+//   128-byte swizzle: the box lands as one SW128 group of the stage), each completing its
+//   bytes on full. It waits only for free stages: all ST stages can be in flight; TMA writes
+//   through the async proxy that wgmma reads, ordered by the barrier (no proxy fence). The
+//   tensor map is kv as a [B][P][D] bf16 tensor (src/indexer/scores.rs,
+//   `sm90_kv_tensor_map`): columns >= D and rows >= P of a box are zero-filled (the tail of
+//   the last group, read by the k loop up to round_up(D, 16), and the part of the last tile
+//   past P) and still count in the transaction bytes, so every stage expects the whole
+//   SKV_STAGE. Rows in [n_keys, P) of the last tile hold real keys; their scores are
+//   computed but never stored (store_tile).
+// - cp.async (0; the launcher's choice where kv cannot be mapped: not 16-byte aligned, or
+//   byte strides not multiples of 16): the producer warp's 32 lanes copy every 16-byte
+//   chunk of a tile (rows past the visible keys: zeros); cp.async copies are generic-proxy
+//   writes, so the producer waits for its own copies (cp.async.wait_group), fences them to
+//   the async proxy (fence.proxy.async), then arrives on the stage's full barrier, LAG
+//   tiles behind the copies it issues (LAG + 1 tiles in flight).
 //
-// Compile-time shape: IDX_H heads (<= 64), IDX_D head dim (<= 128; rows are zero-padded
-// to a group of 64 and the k loop stops at round_up(D, 16)). The host (src/indexer/config.rs,
-// `Sm90Tiles`) mirrors the shared-memory size.
+// Each query's row of P scores goes to `out`: its visible keys, and -inf at the others
+// (past the last computed tile too) unless `visible_only` (the caller reads the visible
+// prefix only).
+//
+// Defines: IDX_H heads (<= 64), IDX_D head dim (<= 128; rows are zero-padded to a group of
+// 64 and the k loop stops at round_up(D, 16)), IDX90_STAGES ring stages (3..8), IDX90_TMA
+// (above). The host (src/indexer/config.rs) mirrors the shared-memory size.
 #include "indexer/params.cuh"
 #include "indexer/mma.cuh"
-#include "indexer/select.cuh"
 #include "hopper.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
-
-#ifndef IDX_H
-#define IDX_H 64
-#endif
-#ifndef IDX_D
-#define IDX_D 128
-#endif
-#ifndef IDX_FUSED
-#define IDX_FUSED 0
-#endif
 
 namespace {
 
@@ -92,11 +78,10 @@ constexpr int H = IDX_H;
 constexpr int D = IDX_D;
 static_assert(H >= 1 && H <= 64, "scores_sm90: H <= 64 (N = 4 queries x padded heads <= 256)");
 static_assert(D >= 1 && D <= 128, "scores_sm90: D <= 128 (two SW128 groups)");
-constexpr bool FUSED = IDX_FUSED != 0;
 
 constexpr int HPAD = H <= 16 ? 16 : H <= 32 ? 32 : 64;  // heads padded: N = 64, 128 or 256
-constexpr int BQ = 4;                                     // queries per CTA = lanes of a quad
-constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of the CTA
+constexpr int BQ = 4;                                     // queries per warpgroup = lanes of a quad
+constexpr int NROWS = BQ * HPAD;                          // wgmma N: q rows of a warpgroup
 constexpr int JQ = HPAD / 8;                              // 8-column accumulator blocks per query
 constexpr int NACC = NROWS / 2;                           // accumulator registers a thread
 constexpr int BM = 64;                                    // pooled keys per tile (wgmma M)
@@ -104,97 +89,23 @@ constexpr int DG = (D + 63) / 64;                         // SW128 groups of 64 
 constexpr int DCH = (D + 7) / 8;                          // 16-byte chunks of a global row
 constexpr int DCHP = DG * 8;                              // 16-byte chunks of a stored row (tail zero)
 constexpr int KSTEPS = (D + 15) / 16;                     // wgmma k16 steps
-// Dense mode (IDX90_TWO_WG=1, the default): one CTA an SM with two consumer warpgroups,
-// each with its own block of BQ queries (its own sq and sw), sharing one key ring of
-// IDX90_TWO_WG_STAGES (4) stages: a key tile is read once for 2 BQ queries (half the
-// L2 -> shared traffic), and one warpgroup's head sums are meant to overlap the other's
-// products as two one-warpgroup CTAs an SM do (H200, S = 16384: dense scores 1.110 ->
-// 1.094 ms, 5 stages 1.099; docs/perf/LOG.md v11, whose ncu profile suggests the two run in
-// step instead: IDX90_PINGPONG below). IDX90_TWO_WG=0 keeps the one-warpgroup CTAs of the
-// fused mode, to compare. The launcher reads both defines (threads, shared memory, grid
-// of 2 BQ-query blocks).
-#ifndef IDX90_TWO_WG
-#define IDX90_TWO_WG 1
-#endif
-#ifndef IDX90_TWO_WG_STAGES
-#define IDX90_TWO_WG_STAGES 4
-#endif
-// Diagnostics for the bench only (results are wrong; default 0; dense two-warpgroup path,
-// one product a tile), a bit mask: IDX90_DIAG & 1: no epilogue (no head sums or stores):
-// the products and the ring alone; & 2: no wgmma (the epilogue on stale accumulators): the
-// epilogue and the ring alone.
-#ifndef IDX90_DIAG
-#define IDX90_DIAG 0
-#endif
-// IDX90_PINGPONG=1 (dense, two warpgroups; the default): the warpgroups take turns on the
-// tensor cores, warpgroup 1 issuing tile t's products once warpgroup 0's are done (named
-// barrier BAR_PP_DONE), warpgroup 0 issuing tile t + 1's once warpgroup 1's tile t products
-// are issued (BAR_PP_ISSUED), so each warpgroup's epilogue runs under the other's products.
-// H200, S = 16384 (docs/perf/LOG.md v12): dense scores 1.081 / 1.084 -> 1.067 / 1.067 ms,
-// scores + top-k 1.323 / 1.324 -> 1.309 / 1.309. 0 lets both issue as soon as they can.
-#ifndef IDX90_PINGPONG
-#define IDX90_PINGPONG 1
-#endif
-// IDX90_PREFETCH=1 (dense, two warpgroups): each consumer thread first prefetches into L2
-// its share of the q rows of the block the next CTA on this SM most likely takes (this
-// block + the number of SMs: one CTA an SM, CTAs start in blockIdx order), so that CTA's
-// q load reads L2 (as the attention forward's SA90_PREFETCH). 0 leaves it out.
-#ifndef IDX90_PREFETCH
-#define IDX90_PREFETCH 1
-#endif
-// IDX90_TMA=1 (dense, two warpgroups; the default): the key ring is filled by the tensor
-// memory accelerator instead of the producer warp's cp.async. H200, S = 16384 (docs/perf/LOG.md
-// v12): dense scores 1.071 -> 0.915 ms, scores + top-k 1.313 -> 1.154, the ring alone
-// (IDX90_DIAG=3) 0.384 -> 0.221.
-// Why: the cp.async producer publishes tile t - LAG only once cp.async.wait_group<LAG>
-// says its own copies of that tile landed, so at most LAG + 1 = 3 tiles of the 4 stages
-// are in flight, and its 32 lanes issue every 16-byte copy of a tile (32 a lane at
-// D = 128) with their address arithmetic.
-// With TMA, one lane of the producer warp does per tile: wait for the stage to be free
-// (empty), arm its full barrier with the bytes to come (mbarrier.arrive.expect_tx; full
-// is initialised with count 1), and issue DG box loads (64 keys x 64 head-dim columns,
-// 128-byte swizzle: the box lands as one SW128 group of the stage, the layout cp.async
-// wrote), each completing its bytes on full. It never waits for its own copies, only for
-// free stages: all ST stages can be in flight. The consumers are unchanged (TMA writes
-// through the async proxy that wgmma reads, ordered by the barrier: no proxy fence).
-// The tensor map is kv as a [B][P][D] bf16 tensor (src/indexer/scores.rs, `sm90_kv_tensor_map`):
-// columns >= D and rows >= P of a box are zero-filled (the tail of the last group, read
-// by the k loop up to round_up(D, 16), and the part of the last tile past P) and still
-// count in the transaction bytes, so every stage expects the whole SKV_STAGE. Rows in
-// [n_keys, P) of the last tile now hold real keys where cp.async wrote zeros; their
-// scores are computed but never stored (store_tile). The launcher passes the map and
-// compiles IDX90_TMA=1 only where the map can be made (kv 16-byte aligned, byte strides
-// multiples of 16), else it compiles IDX90_TMA=0 explicitly (the cp.async ring).
-#ifndef IDX90_TMA
-#define IDX90_TMA 1
-#endif
-constexpr int NWG = IDX90_TWO_WG != 0 && IDX_FUSED == 0 ? 2 : 1;  // consumer warpgroups
+constexpr int NWG = 2;                                    // consumer warpgroups
 constexpr int BQ_CTA = NWG * BQ;                          // queries per CTA
-constexpr int ST = NWG == 2 ? IDX90_TWO_WG_STAGES : 2;    // key-tile ring stages
-// N = 256 (H > 32): the product as two N = 128 halves, the first half's head sums
-// overlapping the second half's product (see the consumer; H200, S = 16384: dense scores
-// 1.176 -> 1.144 ms, docs/perf/LOG.md v10). Not with two consumer warpgroups (dense), which
-// overlap each other's head sums: there one N = 256 product measured 1.0845 ms against
-// 1.0856-1.0904 split (docs/perf/LOG.md v11).
-constexpr bool SPLIT = NROWS == 256 && NWG == 1;
-// The producer publishes tile t - LAG after issuing tile t, which waits for tile t - ST to
-// be consumed: LAG <= ST - 1 avoids a deadlock, LAG <= ST - 2 keeps a tile of slack (else
-// tile c is published only once tile c - 1 is consumed: a bubble each tile). LAG + 1 tiles
-// are in flight.
+constexpr int ST = IDX90_STAGES;                          // key-tile ring stages
+// The cp.async producer publishes tile t - LAG after issuing tile t, which waits for tile
+// t - ST to be consumed: LAG <= ST - 1 avoids a deadlock, LAG <= ST - 2 keeps a tile of
+// slack (else tile c is published only once tile c - 1 is consumed: a bubble each tile).
 constexpr int LAG = ST >= 3 ? ST - 2 : 1;
 constexpr int NCONS = 128;                                // threads of a consumer warpgroup
 constexpr int NCONS_ALL = NWG * NCONS;                    // all consumer threads
 constexpr int NTHREADS = NCONS_ALL + 32;                  // + producer warp
-constexpr bool PINGPONG = IDX90_PINGPONG != 0 && NWG == 2;
 constexpr int BAR_PP_DONE = 3, BAR_PP_ISSUED = 4;          // named barriers (1, 2: the q loads)
-constexpr bool TMA = IDX90_TMA != 0 && NWG == 2;           // the key ring by TMA (see IDX90_TMA)
+constexpr bool TMA = IDX90_TMA != 0;                       // the key ring by TMA
 
-// Shared memory (bytes from the 1024-aligned base), mirrored by `Sm90Tiles::smem_bytes`
-// in src/indexer/config.rs (which adds 1024 for the alignment of the base):
+// Shared memory (bytes from the 1024-aligned base), mirrored by `sm90_smem_bytes` in
+// src/indexer/config.rs (which adds 1024 for the alignment of the base):
 //   sq [NWG][DG][NROWS][128 B] | skv [ST][DG][BM][128 B] | sw [NWG][NROWS] f32 |
 //   full[ST], empty[ST] u64 (BAR_BYTES: 64, 128 for more than 4 stages)
-// and, fused only: SelectSmem (2304) | sort [sort_cap] u64. The fused selection's key
-// cache [P] u32 overlays sq + skv (CACHE_BYTES) once the wgmma work of a block is done.
 constexpr int SQ_GROUP = NROWS * 128;
 constexpr int SQ_BYTES = DG * SQ_GROUP;
 constexpr int SKV_GROUP = BM * 128;
@@ -202,11 +113,8 @@ constexpr int SKV_STAGE = DG * SKV_GROUP;
 constexpr int OFF_KV = NWG * SQ_BYTES;
 constexpr int OFF_W = OFF_KV + ST * SKV_STAGE;
 constexpr int OFF_BAR = OFF_W + NWG * NROWS * 4;
-constexpr int BAR_BYTES = (2 * ST * 8 + 63) / 64 * 64;
-constexpr int OFF_SEL = OFF_BAR + BAR_BYTES;
-constexpr int CACHE_BYTES = OFF_W;
 static_assert(SQ_GROUP % 1024 == 0 && SKV_GROUP % 1024 == 0, "SW128 tiles must stay 1024-byte aligned");
-static_assert(OFF_BAR % 8 == 0 && ST >= 2 && ST <= 8, "barrier block");
+static_assert(OFF_BAR % 8 == 0 && ST >= 3 && ST <= 8, "barrier block");
 // A TMA box (64 keys x 64 bf16 columns) is one SW128 group of the stage; the swizzle
 // pattern of a 128-byte box row is sw128 (16-byte chunk j of row r at j ^ (r % 8)).
 static_assert(SKV_GROUP == BM * 64 * 2, "one TMA box per SW128 group of a key tile");
@@ -219,17 +127,14 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[N / 2], u64 desc_a, u64 
         wgmma_m64n256k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else if constexpr (N == 128) {
         wgmma_m64n128k16_ss<0>(acc, desc_a, desc_b, scale_d);
-    } else if constexpr (N == 32) {  // the split's halves at N = 64 (never run: the split needs N = 256)
-        wgmma_m64n32k16_ss<0>(acc, desc_a, desc_b, scale_d);
     } else {
         wgmma_m64n64k16_ss<0>(acc, desc_a, desc_b, scale_d);
     }
 }
 
-// acc (64 keys x N q rows) = the key tile at a_base (SW128, K-major) times the q rows at
-// b_base (N rows of each SW128 group of sq), over the head dim: KSTEPS wgmma k16 steps.
-template <int N>
-__device__ __forceinline__ void tile_product(float (&acc)[N / 2], u32 a_base, u32 b_base) {
+// acc (64 keys x NROWS q rows) = the key tile at a_base (SW128, K-major) times the q rows
+// at b_base (the warpgroup's sq), over the head dim: KSTEPS wgmma k16 steps.
+__device__ __forceinline__ void tile_product(float (&acc)[NACC], u32 a_base, u32 b_base) {
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
         const u32 koff = (ks % 4) * 32;  // +32 bytes per k16 step inside a group
@@ -237,40 +142,35 @@ __device__ __forceinline__ void tile_product(float (&acc)[N / 2], u32 a_base, u3
         asm volatile("" : "+r"(a_lo), "+r"(b_lo));  // recomputed per tile, not kept live across it
         const u64 da = sw128_desc(a_lo, 16, 1024);
         const u64 db = sw128_desc(b_lo, 16, 1024);
-        wgmma_tile<N>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
+        wgmma_tile<NROWS>(acc, da, db, ks > 0 ? 1 : 0);  // acc = kv . q over the head dim
     }
 }
 
-// lo / hi[q0 + i] = sum over this lane's heads of w[q0 + i][h] * relu(acc[key r | r+8][i, h])
-// for the NQ queries an accumulator of NQ * HPAD columns holds (columns 8j + 2c4, +1 of
-// query j / JQ: heads 8 (j % JQ) + 2c4, +1).
-template <int NQ>
-__device__ __forceinline__ void head_sums(const float (&acc)[NQ * HPAD / 2], const float* sw, int q0, int c4, float (&lo)[BQ], float (&hi)[BQ]) {
+// lo / hi[i] = sum over this lane's heads of w[i][h] * relu(acc[key r | r+8][i, h]) for the
+// BQ queries (accumulator columns 8j + 2c4, +1 of query j / JQ: heads 8 (j % JQ) + 2c4, +1).
+__device__ __forceinline__ void head_sums(const float (&acc)[NACC], const float* sw, int c4, float (&lo)[BQ], float (&hi)[BQ]) {
 #pragma unroll
-    for (int i = 0; i < NQ; ++i) {
-        const int qi = q0 + i;
-        lo[qi] = 0.0f;
-        hi[qi] = 0.0f;
+    for (int i = 0; i < BQ; ++i) {
+        lo[i] = 0.0f;
+        hi[i] = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < JQ; ++jj) {
             const int j = i * JQ + jj;
-            const float2 wv = *reinterpret_cast<const float2*>(sw + qi * HPAD + 8 * jj + 2 * c4);
-            lo[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 0], 0.0f), lo[qi]);
-            lo[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 1], 0.0f), lo[qi]);
-            hi[qi] = fmaf(wv.x, fmaxf(acc[4 * j + 2], 0.0f), hi[qi]);
-            hi[qi] = fmaf(wv.y, fmaxf(acc[4 * j + 3], 0.0f), hi[qi]);
+            const float2 wv = *reinterpret_cast<const float2*>(sw + i * HPAD + 8 * jj + 2 * c4);
+            lo[i] = fmaf(wv.x, fmaxf(acc[4 * j + 0], 0.0f), lo[i]);
+            lo[i] = fmaf(wv.y, fmaxf(acc[4 * j + 1], 0.0f), lo[i]);
+            hi[i] = fmaf(wv.x, fmaxf(acc[4 * j + 2], 0.0f), hi[i]);
+            hi[i] = fmaf(wv.y, fmaxf(acc[4 * j + 3], 0.0f), hi[i]);
         }
     }
 }
 
 }  // namespace
 
-// Two CTAs per SM: 10 warps, which ptxas caps at 168 registers a thread (128 of them the
-// accumulators at N = 256; no spills in either mode, see tests/nvrtc_compile.rs). Two
-// consumer warpgroups (IDX90_TWO_WG): one CTA an SM, 9 warps.
-// kv_map: the TMA tensor map of kv (IDX90_TMA); always passed (zeros when unused), so
-// the signature does not depend on the define.
-extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer_scores_sm90(const IndexerScoresParams p, const __grid_constant__ TmaDesc kv_map) {
+// One CTA an SM (9 warps; ptxas caps them at 168 registers a thread, 128 of them the
+// accumulators at N = 256). kv_map: the TMA tensor map of kv (IDX90_TMA); always passed
+// (zeros when unused), so the signature does not depend on the define.
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) indexer_scores_sm90(const IndexerScoresParams p, const __grid_constant__ TmaDesc kv_map) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // SW128 tiles need a 1024-byte aligned base (the swizzle is on address bits 4-9).
     const u32 raw_addr = smem_u32(smem_raw);
@@ -280,15 +180,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
     float* sw_all = reinterpret_cast<float*>(smem + OFF_W);  // [NWG][BQ][HPAD] weights, 0 for padding
     u64* full = reinterpret_cast<u64*>(smem + OFF_BAR);  // [ST]: the producer's 32 lanes arrive (TMA: lane 0 + the bytes)
     u64* empty = full + ST;                              // [ST]: every consumer thread arrives
-    SelectSmem& ssel = *reinterpret_cast<SelectSmem*>(smem + OFF_SEL);  // fused only
-    u64* ssort = reinterpret_cast<u64*>(smem + OFF_SEL + sizeof(SelectSmem));
-    u32* scache = reinterpret_cast<u32*>(smem);  // fused selection: keys of one row, over sq + skv
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const float neg_inf = -__int_as_float(0x7f800000);
     // A consumer's warpgroup, its thread and warp index within it, its q block and weights.
-    const int wg = NWG == 1 ? 0 : warp / 4;
+    const int wg = warp / 4;
     const int wtid = tid - wg * NCONS, wwarp = warp - wg * 4;
     const u32 sq_wg = sq_addr + wg * SQ_BYTES;
     float* sw = sw_all + wg * NROWS;
@@ -303,40 +200,34 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
     if constexpr (TMA) {
         if (tid == NCONS_ALL) tma::prefetch_desc(kv_map);  // the producer lane's first load
     }
-    // (published by the first barrier of the loop)
+    // (published by the barrier below)
 
-    // Work items: (batch row, query block of BQ), heaviest (last) blocks first so that a
-    // wave ends on light items. Dense: one item per CTA; fused: grid-stride (persistent).
+    // The work item: (batch row, query block of BQ_CTA), heaviest (last) blocks first so
+    // that the grid ends on light items.
     const int n_blk = (p.s_count + BQ_CTA - 1) / BQ_CTA;
     const i64 n_items = static_cast<i64>(n_blk) * p.B;
-    float* slot = FUSED ? p.rows + static_cast<i64>(blockIdx.x) * BQ * p.P : nullptr;  // [BQ][P]
-    u32 tiles_done = 0;  // key tiles this CTA has pushed through the ring (phase bookkeeping)
+    const u32 tiles_done = 0;  // ring phases start fresh (one item a CTA)
 
     for (i64 item = blockIdx.x; item < n_items; item += gridDim.x) {
         const i64 b = item % p.B;
         const int blk = n_blk - 1 - static_cast<int>(item / p.B);
         const i64 s0_cta = static_cast<i64>(p.s_begin) + static_cast<i64>(blk) * BQ_CTA;  // first query
         const int nq_cta = static_cast<int>(min(static_cast<i64>(BQ_CTA), static_cast<i64>(p.s_begin) + p.s_count - s0_cta));
-        // This thread's warpgroup's queries (all of the CTA's with one warpgroup; none
-        // for the second of a last, short block).
+        // This thread's warpgroup's queries (none for the second of a last, short block).
         const i64 s0 = s0_cta + wg * BQ;
-        const int nq = NWG == 1 ? nq_cta : max(0, min(BQ, nq_cta - wg * BQ));
+        const int nq = max(0, min(BQ, nq_cta - wg * BQ));
         // Keys visible to the CTA's last query: the tiles this block computes.
         const i64 n_keys = min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0_cta + nq_cta - 1, p.compress_ratio));
         const int n_tiles = static_cast<int>((n_keys + BM - 1) / BM);
 
-        __syncthreads();  // the previous item's wgmma reads of sq and selection are done (and the barriers initialised)
+        __syncthreads();  // the barriers are initialised
 
         // ---- q rows of the block -> sq (SW128, zero rows for padded heads / missing
-        //      queries, zero tail chunks), weights -> sw. Dense (one item a CTA): by the
-        //      consumers while the producer warp already fills the key ring, then a named
-        //      barrier among the consumers (H200, S = 16384: dense scores 1.146 -> 1.116 ms
-        //      against the whole block loading q behind a block barrier, docs/perf/LOG.md v10).
-        //      Fused: by every thread behind the block's barrier (the selection reuses
-        //      sq + skv as its key cache, so the ring must not run ahead into it). ---------
-        if (FUSED || warp < NCONS_ALL / 32) {
-            constexpr int NQLOAD = FUSED ? NTHREADS : NCONS;
-            for (int e = wtid; e < NROWS * DCHP; e += NQLOAD) {
+        //      queries, zero tail chunks), weights -> sw: by the consumers while the
+        //      producer warp already fills the key ring, then a named barrier per
+        //      warpgroup. -----------------------------------------------------------------
+        if (warp < NCONS_ALL / 32) {
+            for (int e = wtid; e < NROWS * DCHP; e += NCONS) {
                 const int c = e % DCHP, row = e / DCHP;
                 const int qi = row / HPAD, h = row % HPAD;
                 const bool valid = qi < nq && h < H && c < DCH;
@@ -344,15 +235,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                 cp_async16_to(sq_wg + (c / 8) * SQ_GROUP + sw128(row, c % 8), src, valid);
             }
             cp_async_commit();
-            for (int e = wtid; e < NROWS; e += NQLOAD) {
+            for (int e = wtid; e < NROWS; e += NCONS) {
                 const int qi = e / HPAD, h = e % HPAD;
                 sw[e] = (qi < nq && h < H) ? p.w[b * p.w_sb + (s0 + qi) * p.w_ss + h * p.w_sh] : 0.0f;
             }
-#if IDX90_PREFETCH
-            if (!FUSED && NWG == 2) {
+            // The q rows of the block the next CTA on this SM most likely takes, into L2.
+            {
                 u32 n_sm;
                 asm("mov.u32 %0, %%nsmid;\n" : "=r"(n_sm));
-                const i64 next = item + n_sm;  // dense: one item a CTA, items in blockIdx order
+                const i64 next = item + n_sm;  // one item a CTA, items in blockIdx order
                 if (next < n_items) {
                     const i64 nb = next % p.B;
                     const i64 ns0 = static_cast<i64>(p.s_begin) + static_cast<i64>(n_blk - 1 - static_cast<int>(next / p.B)) * BQ_CTA + wg * BQ;
@@ -365,18 +256,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                     }
                 }
             }
-#endif
             cp_async_wait<0>();
             fence_proxy_async();  // this thread's q copies, visible to wgmma (async proxy)
-        }
-        if (!FUSED) {
-            if (warp < NCONS_ALL / 32) named_sync(1 + wg, NCONS);  // the warpgroup's q copies and weights
-        } else {
-            __syncthreads();
+            named_sync(1 + wg, NCONS);  // the warpgroup's q copies and weights
         }
 
         if (TMA && warp == NCONS_ALL / 32) {
-            // ---- producer warp, IDX90_TMA: key tiles by TMA, lane 0 alone ---------------
+            // ---- producer warp, TMA: key tiles by TMA, lane 0 alone ----------------------
             // Box g of tile t: columns [64 g, 64 g + 64) of keys [t*BM, t*BM + BM) of batch
             // row b, into SW128 group g of the stage. The full barrier expects the whole
             // stage (out-of-bounds parts of a box count: see tma.cuh).
@@ -394,10 +280,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                 }
             }
         } else if (warp == NCONS_ALL / 32) {
-            // ---- producer warp: key tiles [t*BM, t*BM + BM) into the ring ---------------
+            // ---- producer warp, cp.async: key tiles [t*BM, t*BM + BM) into the ring -------
             // Lane l copies 16-byte chunk c = l % DCHP of rows l / DCHP + (32 / DCHP) i; the
-            // row-independent address arithmetic once (the generic loop cost ~37 instructions
-            // a copy in scores.cu's H200 profile, and one warp issues all of a tile's copies).
+            // row-independent address arithmetic once.
             constexpr int RSTEP = 32 / DCHP;
             static_assert(32 % DCHP == 0 && BM % RSTEP == 0, "a lane copies one chunk of whole rows");
             const int c = lane % DCHP, r0 = lane / DCHP;
@@ -441,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
             const bool q_live = c4 < nq;
             const i64 sq_pos = s0 + c4;
             const i64 vis = q_live ? min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + sq_pos, p.compress_ratio)) : 0;
-            float* out_row = !q_live ? nullptr : FUSED ? slot + static_cast<i64>(c4) * p.P : p.out + b * p.out_sb + (sq_pos - p.s_begin) * p.out_ss;
+            float* out_row = !q_live ? nullptr : p.out + b * p.out_sb + (sq_pos - p.s_begin) * p.out_ss;
             // Reduce-scatter over the quad (lane c4 ends with query c4's sums), then lane c4
             // stores query c4's scores of keys r and r + 8 of tile t.
             auto store_tile = [&](int t, const float (&lo)[BQ], const float (&hi)[BQ]) {
@@ -464,126 +349,51 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, NWG == 2 ? 1 : 2) indexer
                     // last tile past n_keys (zeros with cp.async, real keys with TMA) only
                     // ever reach the -inf / nothing branches.
                     const i64 key_lo = static_cast<i64>(t) * BM + r, key_hi = key_lo + 8;
-                    // Dense: every key of a computed tile below P (-inf when invisible),
-                    // or only the visible keys (visible_only). Fused: only the visible
-                    // keys (the selection reads nothing else).
+                    // Every key of a computed tile below P (-inf when invisible), or only
+                    // the visible keys (visible_only).
                     if (key_lo < vis) out_row[key_lo] = p.scale * s_lo;
-                    else if (!FUSED && !p.visible_only && key_lo < p.P) out_row[key_lo] = neg_inf;
+                    else if (!p.visible_only && key_lo < p.P) out_row[key_lo] = neg_inf;
                     if (key_hi < vis) out_row[key_hi] = p.scale * s_hi;
-                    else if (!FUSED && !p.visible_only && key_hi < p.P) out_row[key_hi] = neg_inf;
+                    else if (!p.visible_only && key_hi < p.P) out_row[key_hi] = neg_inf;
                 }
             };
-            if constexpr (SPLIT) {
-                // N = 256 as two products of N = 128, committed as separate groups: queries 0-1
-                // (q rows [0, 128)) into acc_a, queries 2-3 (rows [128, 256)) into acc_b; the
-                // head sums of the first half run while the second half's product is on the
-                // tensor cores (the ncu profile of the single N = 256 product: 21 % of the stall
-                // samples on its wait). Carrying the halves across tiles (the next tile's first
-                // half issued before this tile's second head sums) made ptxas serialize every
-                // product (C7514: it does not follow wgmma groups over the loop's back edge).
-                float acc_a[NACC / 2], acc_b[NACC / 2];
+            float acc[NACC];
 #pragma unroll
-                for (int i = 0; i < NACC / 2; ++i) acc_a[i] = acc_b[i] = 0.0f;
-                auto wait_full = [&](int t) {
-                    const u32 g = tiles_done + t;
-                    mbar_wait(&full[g % ST], (g / ST) & 1u);
-                    __syncwarp();
-                };
-                auto issue = [&](float (&acc_h)[NACC / 2], int t, int h) {
-                    const u32 a_base = skv_addr + ((tiles_done + t) % ST) * SKV_STAGE;
-                    fence_regs(acc_h);
-                    wgmma_fence();
-                    tile_product<NROWS / 2>(acc_h, a_base, sq_wg + h * (SQ_GROUP / 2));
-                    wgmma_commit();
-                    fence_regs(acc_h);
-                };
-                for (int t = 0; t < n_tiles; ++t) {
-                    float lo[BQ], hi[BQ];
-                    wait_full(t);
-                    issue(acc_a, t, 0);
-                    issue(acc_b, t, 1);
-                    wgmma_wait<1>();  // A(t); B(t) runs on
-                    fence_regs(acc_a);
-                    head_sums<2>(acc_a, sw, 0, c4, lo, hi);
-                    wgmma_wait<0>();
-                    fence_regs(acc_b);
-                    mbar_arrive(&empty[(tiles_done + t) % ST]);  // both halves of tile t read
-                    head_sums<2>(acc_b, sw, 2, c4, lo, hi);
-                    store_tile(t, lo, hi);
+            for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+            for (int t = 0; t < n_tiles; ++t) {
+                const u32 g = tiles_done + t;
+                const int st = static_cast<int>(g % ST);
+                mbar_wait(&full[st], (g / ST) & 1u);
+                const u32 a_base = skv_addr + st * SKV_STAGE;
+                __syncwarp();
+                // Wait for the turn (ping-pong, above).
+                if (wg == 1) {
+                    named_sync(BAR_PP_DONE, 2 * NCONS);  // warpgroup 0's tile t is done
+                } else if (t > 0) {
+                    named_sync(BAR_PP_ISSUED, 2 * NCONS);  // warpgroup 1's tile t - 1 is issued
                 }
-            } else {
-                float acc[NACC];
-#pragma unroll
-                for (int i = 0; i < NACC; ++i) acc[i] = (IDX90_DIAG & 2) ? p.scale * static_cast<float>(i + wtid) : 0.0f;  // (DIAG 2: values the compiler cannot fold)
-                for (int t = 0; t < n_tiles; ++t) {
-                    const u32 g = tiles_done + t;
-                    const int st = static_cast<int>(g % ST);
-                    mbar_wait(&full[st], (g / ST) & 1u);
-                    const u32 a_base = skv_addr + st * SKV_STAGE;
-                    __syncwarp();
-                    if constexpr ((IDX90_DIAG & 2) == 0) {
-                        if constexpr (PINGPONG) {  // wait for the turn (see IDX90_PINGPONG)
-                            if (wg == 1) {
-                                named_sync(BAR_PP_DONE, 2 * NCONS);  // warpgroup 0's tile t is done
-                            } else if (t > 0) {
-                                named_sync(BAR_PP_ISSUED, 2 * NCONS);  // warpgroup 1's tile t - 1 is issued
-                            }
-                        }
-                        wgmma_fence();
-                        tile_product<NROWS>(acc, a_base, sq_wg);
-                        wgmma_commit();
-                        if constexpr (PINGPONG) {
-                            if (wg == 1 && t + 1 < n_tiles) named_arrive(BAR_PP_ISSUED, 2 * NCONS);
-                        }
-                        wgmma_wait<0>();
-                        if constexpr (PINGPONG) {
-                            if (wg == 0) named_arrive(BAR_PP_DONE, 2 * NCONS);
-                        }
-                    }
-                    fence_regs(acc);
-                    mbar_arrive(&empty[st]);  // this thread's part of the stage is read
+                wgmma_fence();
+                tile_product(acc, a_base, sq_wg);
+                wgmma_commit();
+                if (wg == 1 && t + 1 < n_tiles) named_arrive(BAR_PP_ISSUED, 2 * NCONS);
+                wgmma_wait<0>();
+                if (wg == 0) named_arrive(BAR_PP_DONE, 2 * NCONS);
+                fence_regs(acc);
+                mbar_arrive(&empty[st]);  // this thread's part of the stage is read
 
-                    if constexpr ((IDX90_DIAG & 1) == 0) {
-                        float lo[BQ], hi[BQ];
-                        head_sums<BQ>(acc, sw, 0, c4, lo, hi);
-                        store_tile(t, lo, hi);
-                    } else if (q_live && acc[0] == 1.2345e-30f) {
-                        static_assert(JQ > 0, "");
-                        out_row[0] = acc[1];  // (keeps the products live; never true in practice)
-                    }
-                }
+                float lo[BQ], hi[BQ];
+                head_sums(acc, sw, c4, lo, hi);
+                store_tile(t, lo, hi);
             }
-            if (!FUSED && !p.visible_only) {
-                // Dense: -inf past the last computed tile, after the products (off the
-                // block's critical path at its start).
+            if (!p.visible_only) {
+                // -inf past the last computed tile, after the products (off the block's
+                // critical path at its start).
                 for (int qi = 0; qi < nq; ++qi) {
                     float* row = p.out + b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
                     for (i64 key = static_cast<i64>(n_tiles) * BM + wtid; key < p.P; key += NCONS) row[key] = neg_inf;
                 }
             }
         }
-        tiles_done += static_cast<u32>(n_tiles);
-
-        if (FUSED) {
-            // ---- each query's top-k from its row of scores (select.cuh) -----------------
-            // The barrier publishes the rows (global writes of the consumers) and ends the
-            // block's use of sq / skv: every wgmma group was waited on, every copy landed.
-            __syncthreads();
-            const bool cached = static_cast<i64>(p.P) * 4 <= CACHE_BYTES;  // block-uniform
-            for (int qi = 0; qi < nq; ++qi) {
-                const float* row = slot + static_cast<i64>(qi) * p.P;
-                const i64 o = b * p.out_sb + (s0 + qi - p.s_begin) * p.out_ss;
-                const int vis = static_cast<int>(min(static_cast<i64>(p.P), visible_keys(static_cast<i64>(p.query_start) + s0 + qi, p.compress_ratio)));
-                if (cached) {
-                    for (int i = tid; i < vis; i += NTHREADS) scache[i] = score_key(row[i]);
-                }
-                // select_topk_row begins with a barrier (publishes the cache) and ends with
-                // one (the next row may overwrite it).
-                const auto key_at = [&](int i) { return cached ? scache[i] : score_key(row[i]); };
-                select_topk_row<NTHREADS>(key_at, [&](int q) { return key_quad(key_at, vis, q); }, [&](int i) { return row[i]; }, vis, p.k, ssel, ssort, p.sort_cap, p.idx + o, p.out + o);
-            }
-        } else {
-            break;  // dense: the grid has one CTA per item (and the loop state is not kept live)
-        }
+        break;  // one item a CTA (the grid has one CTA per item; the loop state is not kept live)
     }
 }

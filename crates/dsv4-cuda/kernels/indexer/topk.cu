@@ -6,15 +6,10 @@
 // otherwise every pass streams the row from global memory (long rows). Rows of causal
 // indexer scores (compress_ratio > 0) are read up to their visible prefix only: the rest
 // is -inf, never selected, so the selection is the same.
-// dsv4-test-defines: TOPK_THREADS=64
-// dsv4-test-defines: TOPK_THREADS=256
-// dsv4-test-defines: TOPK_THREADS=512
+//
+// Defines: TOPK_THREADS, the CTA size (a multiple of 32, 64..=1024).
 #include "indexer/params.cuh"
 #include "indexer/select.cuh"
-
-#ifndef TOPK_THREADS
-#define TOPK_THREADS 128
-#endif
 
 // Shared memory (bytes), mirrored by `topk_smem_bytes` in src/indexer/config.rs:
 //   SelectSmem (2304) | sort [sort_cap] u64 (sort_cap >= 2: the cache stays 16-byte

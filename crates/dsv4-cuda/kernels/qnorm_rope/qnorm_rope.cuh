@@ -2,68 +2,21 @@
 // the forward and the backward.
 //
 // Two kernels per direction:
-// - `*_fast` (bf16 x, and grad backward, with unit channel stride and 16-byte aligned
-//   rows; 16-byte aligned output): a group of QR_LPR lanes per row, each lane holding
-//   QR_CPL 16-byte chunks of 8 channels (a RoPE pair never straddles a chunk: chunks
-//   start at multiples of 8 and C - R is even); sums by shuffles over the group;
-//   streaming (evict-first) loads and stores; cos/sin as float4 where QR_CS_VEC.
-//   Forward: one block of QR_U rows per lane group, every 16-byte load of the block issued
+// - `*_fast` (fwd_fast.cu, bwd_fast.cu: bf16 x, and grad backward, with unit channel stride
+//   and 16-byte aligned rows; 16-byte aligned output): a group of LPR lanes per row, each
+//   lane holding CPL 16-byte chunks of 8 channels (a RoPE pair never straddles a chunk:
+//   chunks start at multiples of 8 and C - R is even); sums by shuffles over the group;
+//   streaming (evict-first) loads and stores; cos/sin as float4 where CS_VEC.
+//   Forward: one block of U rows per lane group, every 16-byte load of the block issued
 //   before any use, a grid of every block (not persistent). Backward: persistent (one wave
-//   of resident blocks), x, grad and rstd of the next QR_STAGES - 1 row blocks in flight
+//   of resident blocks), x, grad and rstd of the next STAGES - 1 row blocks in flight
 //   through a shared-memory ring filled by cp.async.
-// - the generic kernels (any strides, f32 x or grad): one warp per row, staged in shared
-//   memory (f32) so a channel can read its RoPE partner.
+// - the generic kernels (fwd.cu, bwd.cu: any strides, f32 x or grad): one warp per row,
+//   staged in shared memory (f32) so a channel can read its RoPE partner.
 // Rows run in token-major order r = (b*S + s)*H + h, so consecutive rows are written
 // consecutively and the heads of one token, which share cos/sin, run side by side.
 #pragma once
 #include "common.cuh"
-
-// x's dtype (and the output's): 1 = bf16, 0 = f32. The two bf16 rounding boundaries of
-// SPEC section 5 apply when x is bf16.
-#ifndef QR_X_BF16
-#define QR_X_BF16 1
-#endif
-// grad's dtype (backward): 1 = bf16, 0 = f32.
-#ifndef QR_G_BF16
-#define QR_G_BF16 1
-#endif
-// Elements per access: 16 bytes (8 bf16 / 4 f32) where the launcher checked channel
-// stride 1 and 16-byte alignment of every row, else 1.
-#ifndef QR_X_VEC
-#define QR_X_VEC 1
-#endif
-#ifndef QR_G_VEC
-#define QR_G_VEC 1
-#endif
-#ifndef QR_O_VEC
-#define QR_O_VEC 1
-#endif
-// Fast kernels: lanes per row (a power of two <= 32), 16-byte chunks per lane
-// (QR_LPR * QR_CPL * 8 >= C), rows per row block of a lane group.
-#ifndef QR_LPR
-#define QR_LPR 32
-#endif
-#ifndef QR_CPL
-#define QR_CPL 2
-#endif
-#ifndef QR_U
-#define QR_U 2
-#endif
-// Fast kernels: 1 where cos and sin have unit r stride, 16-byte aligned (b, s) rows and
-// C - R is a multiple of 8 (the launcher checks): a chunk's 4 pairs then read one float4
-// of cos and one of sin.
-#ifndef QR_CS_VEC
-#define QR_CS_VEC 0
-#endif
-// Fast backward: ring stages per lane group (QR_STAGES - 1 row blocks in flight while one
-// is computed); the launcher reads the same define (default 4) for the shared-memory size.
-#ifndef QR_STAGES
-#define QR_STAGES 4
-#endif
-// Fast backward: resident 256-thread blocks per SM the registers are sized for
-// (__launch_bounds__ minimum; the launcher's ring_grid mirrors it and also bounds it by
-// shared memory).
-#define QR_BWD_MINB ((QR_CPL * QR_U <= 2) ? 3 : 2)
 
 struct QNormRopeParams {
     const void* x;          // logical [B,H,S,C], x's dtype, strides x_stride
@@ -86,24 +39,18 @@ DSV4_PARAMS_SIZE(QNormRopeParams, 216);
 
 namespace qnorm_rope {
 
-#if QR_X_BF16
-typedef bf16 X;
-#else
-typedef float X;
-#endif
-#if QR_G_BF16
-typedef bf16 Gt;
-#else
-typedef float Gt;
-#endif
+// The element type of a tensor: bf16 (BF16) or f32.
+template <bool BF16> struct Elem { using T = float; };
+template <> struct Elem<true> { using T = bf16; };
 
 // A rounding boundary of the maths: bf16 when x is bf16, nothing for f32 x.
+template <bool X_BF16>
 __device__ __forceinline__ float boundary(float v) {
-#if QR_X_BF16
-    return dsv4::round_bf16(v);
-#else
-    return v;
-#endif
+    if constexpr (X_BF16) {
+        return dsv4::round_bf16(v);
+    } else {
+        return v;
+    }
 }
 
 // Row r (token-major) -> (b, h, s).
@@ -140,22 +87,25 @@ __device__ __forceinline__ void st16_cs(bf16* p, const float (&in)[8]) {
 
 // cos_j and sin_j of the 4 pairs (c0 + 2i, c0 + 2i + 1) of the chunk at c0 (c0 + 8 > rot0);
 // pairs before rot0 get (1, 0), which the callers skip anyway.
+// CS_VEC: cos and sin have unit r stride, 16-byte aligned (b, s) rows and C - R is a
+// multiple of 8 (the launcher checks): a chunk's 4 pairs read one float4 of each.
+template <bool CS_VEC>
 __device__ __forceinline__ void chunk_cos_sin(const QNormRopeParams& p, const float* cs, const float* sn, i64 c0, i64 rot0, float (&cj)[4], float (&sj)[4]) {
-#if QR_CS_VEC
-    const i64 j0 = (c0 - rot0) / 2;  // c0 >= rot0: both multiples of 8
-    const float4 c = __ldg(reinterpret_cast<const float4*>(cs + j0));
-    const float4 s = __ldg(reinterpret_cast<const float4*>(sn + j0));
-    cj[0] = c.x, cj[1] = c.y, cj[2] = c.z, cj[3] = c.w;
-    sj[0] = s.x, sj[1] = s.y, sj[2] = s.z, sj[3] = s.w;
-#else
+    if constexpr (CS_VEC) {
+        const i64 j0 = (c0 - rot0) / 2;  // c0 >= rot0: both multiples of 8
+        const float4 c = __ldg(reinterpret_cast<const float4*>(cs + j0));
+        const float4 s = __ldg(reinterpret_cast<const float4*>(sn + j0));
+        cj[0] = c.x, cj[1] = c.y, cj[2] = c.z, cj[3] = c.w;
+        sj[0] = s.x, sj[1] = s.y, sj[2] = s.z, sj[3] = s.w;
+    } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const i64 e = c0 + 2 * i;
-        const i64 j = (e - rot0) / 2;
-        cj[i] = e < rot0 ? 1.f : __ldg(cs + j * p.cos_stride[2]);
-        sj[i] = e < rot0 ? 0.f : __ldg(sn + j * p.sin_stride[2]);
+        for (int i = 0; i < 4; ++i) {
+            const i64 e = c0 + 2 * i;
+            const i64 j = (e - rot0) / 2;
+            cj[i] = e < rot0 ? 1.f : __ldg(cs + j * p.cos_stride[2]);
+            sj[i] = e < rot0 ? 0.f : __ldg(sn + j * p.sin_stride[2]);
+        }
     }
-#endif
 }
 __device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
     const u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -214,23 +164,27 @@ __device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32
 
 // ---- the fast kernels' row bodies ----------------------------------------------------
 
-// Forward of one row r (token-major) from this lane's QR_CPL raw chunks (chunk k holds
-// channels 8 * (gl + QR_LPR * k) .. + 8; zeros past C): every lane of the group calls it
+// The fast kernels' row shape: LPR lanes per row (a power of two <= 32), CPL 16-byte chunks
+// per lane (LPR * CPL * 8 >= C), CS_VEC as in chunk_cos_sin.
+//
+// Forward of one row r (token-major) from this lane's CPL raw chunks (chunk k holds
+// channels 8 * (gl + LPR * k) .. + 8; zeros past C): every lane of the group calls it
 // with the same r (the group's shuffles), rows r >= n_rows store nothing.
 //   rstd = 1 / sqrt(mean_c x^2 + eps);  y = bf16(x * rstd);  last R channels rotated.
 // bf16(x * rstd) and the rotated values are rounded once, by the store's packing, except y
 // of rotated chunks, which the rotation reads rounded (bf16(bf16(v)) = bf16(v): the same
 // values as rounding each at its boundary).
-__device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&raw)[QR_CPL]) {
+template <int LPR, int CPL, bool CS_VEC>
+__device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&raw)[CPL]) {
     float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < QR_CPL; ++k) {
+    for (int k = 0; k < CPL; ++k) {
         float v[8];
         unpack8(raw[k], v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
     }
-    ss = dsv4::group_sum(ss, QR_LPR);
+    ss = dsv4::group_sum(ss, LPR);
     const float rstd = 1.f / sqrtf(ss / (float)p.C + p.eps);
     if (r >= n_rows) return;  // the whole group: r is the group's
     if (gl == 0) p.rstd_out[r] = rstd;
@@ -239,8 +193,8 @@ __device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_r
     const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
     bf16* o = static_cast<bf16*>(p.out) + r * p.C;
 #pragma unroll
-    for (int k = 0; k < QR_CPL; ++k) {
-        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+    for (int k = 0; k < CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)LPR * k);
         if (c0 >= p.C) continue;
         float v[8];
         unpack8(raw[k], v);
@@ -249,7 +203,7 @@ __device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_r
             for (int i = 0; i < 8; ++i) v[i] = dsv4::round_bf16(v[i] * rstd);  // y = bf16(x * rstd)
             // (a, b) = (y[e], y[e+1]) -> (a cos - b sin, a sin + b cos), no FMA contraction
             float cj[4], sj[4];
-            chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
+            chunk_cos_sin<CS_VEC>(p, cs, sn, c0, rot0, cj, sj);
 #pragma unroll
             for (int i = 0; i < 8; i += 2) {
                 if (c0 + i < rot0) continue;
@@ -268,19 +222,20 @@ __device__ __forceinline__ void fwd_row(const QNormRopeParams& p, i64 r, i64 n_r
 // Backward of one row r from this lane's raw chunks of x and grad (zeros past C) and its
 // rstd; every lane of the group calls it with the same r, rows r >= n_rows store nothing:
 //   g' = bf16(conjugate rotation of g's last R pairs);  dx = rstd (g' - xhat mean_c(g' xhat)).
-__device__ __forceinline__ void bwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&xraw)[QR_CPL], const uint4 (&graw)[QR_CPL], float rstd) {
+template <int LPR, int CPL, bool CS_VEC>
+__device__ __forceinline__ void bwd_row(const QNormRopeParams& p, i64 r, i64 n_rows, i64 rot0, bool small, int gl, const uint4 (&xraw)[CPL], const uint4 (&graw)[CPL], float rstd) {
     const RowIndex ix = row_index_fast(p, r < n_rows ? r : 0, small);
     const float* cs = p.cos + ix.b * p.cos_stride[0] + ix.s * p.cos_stride[1];
     const float* sn = p.sin + ix.b * p.sin_stride[0] + ix.s * p.sin_stride[1];
-    float gp[QR_CPL][8];
+    float gp[CPL][8];
     float dot = 0.f;
 #pragma unroll
-    for (int k = 0; k < QR_CPL; ++k) {
-        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+    for (int k = 0; k < CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)LPR * k);
         unpack8(graw[k], gp[k]);
         if (r < n_rows && c0 < p.C && c0 + 8 > rot0) {
             float cj[4], sj[4];
-            chunk_cos_sin(p, cs, sn, c0, rot0, cj, sj);
+            chunk_cos_sin<CS_VEC>(p, cs, sn, c0, rot0, cj, sj);
 #pragma unroll
             for (int i = 0; i < 8; i += 2) {
                 if (c0 + i < rot0) continue;
@@ -294,12 +249,12 @@ __device__ __forceinline__ void bwd_row(const QNormRopeParams& p, i64 r, i64 n_r
 #pragma unroll
         for (int i = 0; i < 8; ++i) dot += gp[k][i] * xv[i] * rstd;  // mean_c(g' * xhat)
     }
-    const float mean = dsv4::group_sum(dot, QR_LPR) / (float)p.C;
+    const float mean = dsv4::group_sum(dot, LPR) / (float)p.C;
     if (r >= n_rows) return;  // the whole group: r is the group's
     bf16* o = static_cast<bf16*>(p.out) + r * p.C;
 #pragma unroll
-    for (int k = 0; k < QR_CPL; ++k) {
-        const i64 c0 = 8 * (gl + (i64)QR_LPR * k);
+    for (int k = 0; k < CPL; ++k) {
+        const i64 c0 = 8 * (gl + (i64)LPR * k);
         if (c0 >= p.C) continue;
         float xv[8], v[8];
         unpack8(xraw[k], xv);

@@ -24,13 +24,9 @@
 //   doubles per group, ceil((repeat-1)/P) groups; the reverse recomputes a group's factors
 //   from its checkpoint into registers with the forward's own operations (bitwise the
 //   same factors) and reverses the group from them: one more forward step per reversed
-//   step, for a tape about P times smaller than a factor per step (n = 4, repeat 20,
-//   P = 3: 448 bytes a thread instead of 1248), so about 3x the warps an SM. The first
-//   group is the short one and the last group's factors stay in registers from the
-//   forward pass (not recomputed). The launcher picks P (4 for n <= 5, 2 for n = 6: no spills) and sizes the tape.
-//   On the H200 (n = 4, repeat 20) the per-step tape took 0.0335 / 0.3926 ms at 65,536 /
-//   1M matrices, P = 2 0.0315 / 0.3753, P = 3 0.0301 / 0.3567 (docs/perf/LOG.md v8); P = 4
-//   0.0300 / 0.3477 against P = 3's 0.0304 / 0.3570 in one later run, P = 5 0.0301 / 0.3945 (v9).
+//   step, for a tape about P times smaller than a factor per step, so more warps an SM.
+//   The first group is the short one and the last group's factors stay in registers from
+//   the forward pass (not recomputed). The launcher picks P and sizes the tape.
 //   research/sinkhorn_bwd_ckpt_emulate.py checks the indexing (bitwise equal factors).
 //
 // n >= 7: the tape holds each step's n denominators, and the matrix v lives in shared
@@ -41,32 +37,15 @@
 //   softmax:  dx = z * (g - sum_j g_j z_j),  z = y0 - eps   (y0 = z + eps, so dz = g)
 // The reconstruction error is a random walk of ~1 f64 ulp per step.
 //
-// dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1 SINKHORN_DVEC=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=0 SINKHORN_DVEC=1
-// dsv4-test-defines: SINKHORN_N=6
-// dsv4-test-defines: SINKHORN_N=8
-// dsv4-test-defines: SINKHORN_N=7
-// dsv4-test-defines: SINKHORN_N=5
-// dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_DVEC=1 SINKHORN_BWD_CKPT_PAIRS=4
-// dsv4-test-defines: SINKHORN_N=6 SINKHORN_BWD_CKPT_PAIRS=2
-// dsv4-test-defines: SINKHORN_N=5 SINKHORN_BWD_CKPT_PAIRS=4
-// dsv4-test-defines: SINKHORN_N=2 SINKHORN_BWD_CKPT_PAIRS=4
-// dsv4-test-defines: SINKHORN_N=1 SINKHORN_BWD_CKPT_PAIRS=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_BWD_CKPT_PAIRS=3
+// Defines: those of sinkhorn.cuh; SINKHORN_DVEC (1: dout is contiguous and 16-byte
+// aligned, float4 loads; 0: strided); SINKHORN_BWD_CKPT_PAIRS = P >= 1 (n <= 6, above).
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
-// (Row, column) pairs per checkpoint of the n <= 6 kernel, set by the launcher
-// (src/sinkhorn.rs backward_ckpt_pairs, which also sizes the tape).
-#ifndef SINKHORN_BWD_CKPT_PAIRS
-#define SINKHORN_BWD_CKPT_PAIRS 4
-#endif
-#if SINKHORN_BWD_CKPT_PAIRS < 1
-#error "SINKHORN_BWD_CKPT_PAIRS must be >= 1"
-#endif
+constexpr bool DVEC = SINKHORN_DVEC != 0;
+static_assert(!DVEC || NN % 4 == 0, "SINKHORN_DVEC needs n*n to be a multiple of 4");
+static_assert(SINKHORN_BWD_CKPT_PAIRS >= 1, "SINKHORN_BWD_CKPT_PAIRS must be >= 1");
 
 // Element (i, j) of a step: a = the denominator's index (i for rows, j for columns),
 // b = the summed index.
@@ -76,7 +55,7 @@ template <bool ROWS> __device__ __forceinline__ int at(int a, int b) { return RO
 // register array or the shared-memory matrix of the n >= 7 kernel).
 template <class Y> __device__ __forceinline__ void softmax_eps_f64(const SinkhornParams& p, i64 m, double eps, Y&& y) {
     float x[NN];
-    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, x);
+    load_matrix<VEC>(p.x, p.x_layout, m, x);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         float mx = x[i * N];
@@ -137,8 +116,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     // 2r-1, 2r for pair r = 1 .. repeat-1), G = ceil((repeat-1) / P) groups: group 0 takes
     // the remainder (first0 = 1 + (repeat-1) - (G-1)P is group 1's first pair), the others
     // P pairs each. The last group's factors stay in registers from the forward, so the
-    // reverse recomputes only the G - 1 groups before it (v21: H200 65,536 / 1M matrices
-    // 0.0302 / 0.3515 -> 0.0296 / 0.3406 ms against every group recomputed).
+    // reverse recomputes only the G - 1 groups before it.
     constexpr int P = SINKHORN_BWD_CKPT_PAIRS;
     extern __shared__ double smem[];
     const int T = blockDim.x, t = threadIdx.x;
@@ -184,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     double gt[NN];
     {
         float d[NN];
-        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
+        load_matrix<DVEC>(p.dout, p.dout_layout, m, d);
 #pragma unroll
         for (int i = 0; i < N; ++i)
 #pragma unroll
@@ -310,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(128) sinkhorn_bwd(const SinkhornPar
     double g[NN];
     {
         float d[NN];
-        load_matrix<SINKHORN_DVEC>(p.dout, p.dout_layout, m, d);
+        load_matrix<DVEC>(p.dout, p.dout_layout, m, d);
 #pragma unroll
         for (int e = 0; e < NN; ++e) g[e] = (double)d[e];
     }

@@ -3,29 +3,18 @@
 //   y = y / (column sums + eps)
 //   repeat - 1 times: y = y / (row sums + eps); y = y / (column sums + eps)
 // Each denominator is inverted once (denominators are positive normal floats >= eps) and
-// becomes a scale factor (below): 24 FP32 instructions per step at n = 4 (4 FMUL + 16 FFMA
-// sums, 4 MUFU reciprocals), 4 of each pair of rounds' 16 reciprocals on the FMA pipe
-// instead (rcp_fma, SINKHORN_FWD_NEWTON).
+// becomes a scale factor (below); some of the reciprocals run on the FMA pipe instead of
+// the MUFU (rcp_fma, SINKHORN_FWD_NEWTON).
 //
-// dsv4-test-defines: SINKHORN_N=8 SINKHORN_VEC=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1
-// dsv4-test-defines: SINKHORN_N=5
-// dsv4-test-defines: SINKHORN_N=3
-// dsv4-test-defines: SINKHORN_N=1
-// dsv4-test-defines: SINKHORN_N=1 SINKHORN_FWD_NEWTON=8
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_FWD_NEWTON=0 SINKHORN_FWD_PAIR_LOOP=1
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=0
-// dsv4-test-defines: SINKHORN_N=4 SINKHORN_VEC=1 SINKHORN_FWD_NEWTON=3
+// Defines: those of sinkhorn.cuh, and SINKHORN_FWD_NEWTON = R >= 0 (below).
 #include "sinkhorn/sinkhorn.cuh"
 
 using namespace sinkhorn;
 
 // The softmax's exponentials: e^(x - mx) = ex2.approx(x log2 e - mx log2 e), one FFMA and
 // the MUFU (m2 = mx log2 e is rounded once per row, a common factor of the row that the
-// normalisation cancels). expf took 9 issue slots and the MUFU (its range reduction and
-// fix-ups): H200 v19, 1M 0.0648 -> 0.0633 ms. A degree-5 polynomial on the FMA pipe instead
-// of the MUFU (12 issue slots) measured as expf. research/sinkhorn_fwd_emulate.py: with
-// the approximation's +-2 ulp the per-row error stays ~6e-7 (bound 1e-5).
+// normalisation cancels). research/sinkhorn_fwd_emulate.py: with the approximation's
+// +-2 ulp the per-row error stays ~6e-7 (bound 1e-5).
 constexpr float kLog2e = 1.44269504088896341f;
 __device__ __forceinline__ float softmax_exp(float x, float m2) {
     float y;
@@ -42,24 +31,14 @@ __device__ __forceinline__ float rcp(float d) {
     return r;
 }
 
-// SINKHORN_FWD_NEWTON=R (default 4; 0: one round a loop iteration, every reciprocal from
-// the MUFU): the rounds run in pairs (row, column, row, column), and in each pair R of the
-// reciprocals, the last factors of the two column steps ((R + 1) / 2 in the first, R / 2 in
-// the second, each at most n), are computed on the FMA pipe (rcp_fma) instead of the MUFU.
-// Per warp the one-round loop issued ~1,200 instructions and kept the MUFU busy 176 x 8 =
-// 1,408 cycles (ncu v15: both ~69 % loaded); a reciprocal moved costs 5 issue slots and
-// frees 8 MUFU cycles. H200 (docs/perf/LOG.md v20, 1M matrices, same call): R = 0 0.0627 ms,
-// the pair loop alone (SINKHORN_FWD_PAIR_LOOP=1) 0.0600, R = 3 / 4 / 5 / 6 / 8: 0.0579 /
-// **0.0573** / 0.0587 / 0.0590 / 0.0603; 65,536 matrices 0.0091 -> 0.0089. The same counts
-// taken one per column step in a loop of single rounds lost (0.0654 / 0.0616 for 1 / 2):
-// the pair loop's shape is part of the gain. The launcher passes R = 0 for eps < 1e-20
-// (rcp_fma's range; src/sinkhorn.rs).
-#ifndef SINKHORN_FWD_NEWTON
-#define SINKHORN_FWD_NEWTON 4
-#endif
-#ifndef SINKHORN_FWD_PAIR_LOOP
-#define SINKHORN_FWD_PAIR_LOOP 0
-#endif
+// SINKHORN_FWD_NEWTON = R: with R > 0 the rounds run in pairs (row, column, row, column),
+// and in each pair R of the reciprocals, the last factors of the two column steps ((R + 1)
+// / 2 in the first, R / 2 in the second, each at most n), are computed on the FMA pipe
+// (rcp_fma) instead of the MUFU: a reciprocal moved costs 5 issue slots and frees 8 MUFU
+// cycles. R = 0: one round a loop iteration, every reciprocal from the MUFU (the launcher's
+// choice for eps below rcp_fma's range).
+constexpr int FMA_RCPS = SINKHORN_FWD_NEWTON;
+static_assert(FMA_RCPS >= 0, "SINKHORN_FWD_NEWTON must be >= 0");
 
 // 1 / d for a positive normal d on the FMA pipe: a bit-trick seed (relative error <= 5.1 %),
 // one third-order step (x (1 + e + e^2), e = 1 - d x: error <= e^3) and one Newton step:
@@ -78,12 +57,7 @@ __device__ __forceinline__ float rcp_fma(float d) {
 // (alpha = 1/a, beta = 1/b), since a row step's denominator divided by a_i is
 //   alpha_i' = den_i / a_i = sum_j K_ij b_j + eps alpha_i,   a_i' = 1 / alpha_i'
 // (columns alike): 5 FP32 instructions and one MUFU a factor, no multiply by the old
-// factor (the same denominators as summing the scaled entries, up to rounding). On the
-// H200 (v15, 1M matrices) this took the forward from 0.0666 to 0.0646 ms against
-// den = eps + a s, a *= 1/den (28 instead of 24 issue slots a step at n = 4); sharing one
-// MUFU between two or four denominators (r = rcp(d0 d1), 1/d0 = r d1, ...) was slower
-// (0.0650 / 0.0862; the MUFU pipe is not what binds: ncu finds it and the issue slots
-// equally loaded, 69 % each, the loads of each wave exposed).
+// factor (the same denominators as summing the scaled entries, up to rounding).
 __device__ __forceinline__ void row_step(const float (&K)[NN], float (&a)[N], float (&al)[N], const float (&b)[N], float eps) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -96,8 +70,8 @@ __device__ __forceinline__ void row_step(const float (&K)[NN], float (&a)[N], fl
     for (int i = 0; i < N; ++i) a[i] = rcp(al[i]);
 }
 
-// FMA_RCPS: how many of the last factors take rcp_fma instead of the MUFU (SINKHORN_FWD_NEWTON).
-template <int FMA_RCPS = 0>
+// RCPS_ON_FMA: how many of the last factors take rcp_fma instead of the MUFU.
+template <int RCPS_ON_FMA = 0>
 __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[N], float (&b)[N], float (&be)[N], float eps) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -107,7 +81,7 @@ __device__ __forceinline__ void col_step(const float (&K)[NN], const float (&a)[
         be[j] = s;
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) b[i] = i >= N - FMA_RCPS ? rcp_fma(be[i]) : rcp(be[i]);
+    for (int i = 0; i < N; ++i) b[i] = i >= N - RCPS_ON_FMA ? rcp_fma(be[i]) : rcp(be[i]);
 }
 
 // One matrix in registers, x in, y out: the softmax, the steps, the final scaling.
@@ -126,7 +100,7 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
             s = __fadd_rn(s, K[i * N + j]);
         }
         const float inv = rcp(s);
-        // z + eps as one FFMA (H200 v19: 1M 0.0632 -> 0.0626 ms against a multiply and an add).
+        // z + eps as one FFMA.
 #pragma unroll
         for (int j = 0; j < N; ++j) K[i * N + j] = fmaf(K[i * N + j], inv, p.eps);
     }
@@ -136,16 +110,16 @@ __device__ __forceinline__ void sinkhorn_matrix(float (&K)[NN], const SinkhornPa
     for (int i = 0; i < N; ++i) a[i] = 1.f, b[i] = 1.f, al[i] = 1.f, be[i] = 1.f;
     col_step(K, a, b, be, p.eps);
     int k = 1;
-#if SINKHORN_FWD_NEWTON || SINKHORN_FWD_PAIR_LOOP
-    constexpr int kFmaRcps1 = (SINKHORN_FWD_NEWTON + 1) / 2 < N ? (SINKHORN_FWD_NEWTON + 1) / 2 : N;
-    constexpr int kFmaRcps2 = SINKHORN_FWD_NEWTON / 2 < N ? SINKHORN_FWD_NEWTON / 2 : N;
-    for (; k + 1 < p.repeat; k += 2) {
-        row_step(K, a, al, b, p.eps);
-        col_step<kFmaRcps1>(K, a, b, be, p.eps);
-        row_step(K, a, al, b, p.eps);
-        col_step<kFmaRcps2>(K, a, b, be, p.eps);
+    if constexpr (FMA_RCPS > 0) {
+        constexpr int kFmaRcps1 = (FMA_RCPS + 1) / 2 < N ? (FMA_RCPS + 1) / 2 : N;
+        constexpr int kFmaRcps2 = FMA_RCPS / 2 < N ? FMA_RCPS / 2 : N;
+        for (; k + 1 < p.repeat; k += 2) {
+            row_step(K, a, al, b, p.eps);
+            col_step<kFmaRcps1>(K, a, b, be, p.eps);
+            row_step(K, a, al, b, p.eps);
+            col_step<kFmaRcps2>(K, a, b, be, p.eps);
+        }
     }
-#endif
     for (; k < p.repeat; ++k) {
         row_step(K, a, al, b, p.eps);
         col_step(K, a, b, be, p.eps);
@@ -160,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(256) sinkhorn_fwd(const SinkhornPar
     const i64 m = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.matrices) return;
     float K[NN];
-    load_matrix<SINKHORN_VEC>(p.x, p.x_layout, m, K);
+    load_matrix<VEC>(p.x, p.x_layout, m, K);
     sinkhorn_matrix(K, p);
     store_matrix(p.out, m, K);
 }

@@ -9,27 +9,12 @@
 #pragma once
 #include "common.cuh"
 
-// n, the matrix size: a compile-time constant, 1 <= n <= 8.
-#ifndef SINKHORN_N
-#define SINKHORN_N 4
-#endif
-#if SINKHORN_N < 1 || SINKHORN_N > 8
-#error "SINKHORN_N must be in [1, 8]"
-#endif
-// 1: x is contiguous [M, n, n] with a 16-byte aligned base, n*n a multiple of 4, and
-// out's base is 16-byte aligned: float4 loads of x and stores of out. 0: the generic
-// strided path (any layout of x; out contiguous, scalar stores).
-#ifndef SINKHORN_VEC
-#define SINKHORN_VEC 0
-#endif
-// Backward: the same for dout (float4 loads where contiguous and aligned).
-#ifndef SINKHORN_DVEC
-#define SINKHORN_DVEC 0
-#endif
-#if (SINKHORN_VEC || SINKHORN_DVEC) && (SINKHORN_N * SINKHORN_N) % 4 != 0
-#error "SINKHORN_VEC / SINKHORN_DVEC need n*n to be a multiple of 4"
-#endif
-
+// Defines (src/sinkhorn.rs renders them from the launch):
+//   SINKHORN_N    n, the matrix size, 1 <= n <= 8 (a compile-time constant).
+//   SINKHORN_VEC  1: x is contiguous [M, n, n] with a 16-byte aligned base, n*n a multiple
+//                 of 4, and out's base is 16-byte aligned: float4 loads of x and stores of
+//                 out. 0: the generic strided path (any layout of x; out contiguous, scalar
+//                 stores).
 #define SINKHORN_MAX_LEAD 6
 
 // Where element (m, i, j) of a `[..., n, n]` tensor lives: m is the row-major index over
@@ -58,6 +43,9 @@ namespace sinkhorn {
 
 constexpr int N = SINKHORN_N;
 constexpr int NN = N * N;
+constexpr bool VEC = SINKHORN_VEC != 0;
+static_assert(N >= 1 && N <= 8, "SINKHORN_N must be in [1, 8]");
+static_assert(!VEC || NN % 4 == 0, "SINKHORN_VEC needs n*n to be a multiple of 4");
 
 // Offset (elements) of element (m, 0, 0). Innermost leading dim first; a contiguous
 // batch (one merged leading dim) costs one compare, no division.
@@ -95,17 +83,17 @@ __device__ __forceinline__ void load_matrix(const float* p, const SinkhornLayout
     }
 }
 
-// Matrix m of the contiguous [M, n, n] output.
+// Matrix m of the contiguous [M, n, n] output: float4 stores when VEC.
 __device__ __forceinline__ void store_matrix(float* p, i64 m, const float (&a)[NN]) {
-#if SINKHORN_VEC
-    float4* q = reinterpret_cast<float4*>(p + m * NN);
+    if constexpr (VEC) {
+        float4* q = reinterpret_cast<float4*>(p + m * NN);
 #pragma unroll
-    for (int e = 0; e < NN / 4; ++e) q[e] = make_float4(a[4 * e], a[4 * e + 1], a[4 * e + 2], a[4 * e + 3]);
-#else
-    float* b = p + m * NN;
+        for (int e = 0; e < NN / 4; ++e) q[e] = make_float4(a[4 * e], a[4 * e + 1], a[4 * e + 2], a[4 * e + 3]);
+    } else {
+        float* b = p + m * NN;
 #pragma unroll
-    for (int e = 0; e < NN; ++e) b[e] = a[e];
-#endif
+        for (int e = 0; e < NN; ++e) b[e] = a[e];
+    }
 }
 
 }  // namespace sinkhorn

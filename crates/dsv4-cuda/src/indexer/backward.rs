@@ -4,11 +4,12 @@
 use dsv4_core::ops::indexer::IndexerTopkScoresBwdArgs;
 use dsv4_core::{DType, Result, TensorViewMut};
 
-use super::config::{bwd_mma_fits, bwd_mma_smem_bytes, bwd_sm90_smem_bytes, bwd_smem_bytes, BWD_MMA_THREADS, BWD_SM90_THREADS, BWD_THREADS};
+use super::config::{bwd_defines, bwd_mma_fits, bwd_mma_smem_bytes, bwd_sm90_smem_bytes, bwd_smem_bytes, shape_defines, IdxBwd90Config, IdxBwdConfig, IdxBwdMmaConfig, BWD_MMA_THREADS, BWD_SM90_THREADS};
 use super::pack::{tc_operand, TcOperand};
 use super::params::{IndexerBwdParams, IndexerBwdReduceParams, IndexerBwdSm90Params};
-use super::{check_bf16, check_contiguous, grid_dim, shape_of, strides_i64, to_i32, unavailable, Shape, BWD_WORKSPACE_BYTES};
+use super::{check_bf16, grid_dim, shape_of, strides_i64, to_i32, unavailable, Shape};
 use crate::runtime::{Gpu, Scratch};
+use crate::tuning::configured;
 
 // ---------------------------------------------------------------------------------------
 // Hopper backward (bwd_sm90.cu): kernel choice and launch
@@ -16,13 +17,13 @@ use crate::runtime::{Gpu, Scratch};
 /// Which backward kernel [`topk_scores_backward_with`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BwdPath {
-    /// `bwd_sm90.cu` where [`bwd_sm90_unsupported`] has no objection, on a Hopper device
-    /// (`Gpu::hopper()`), unless `DSV4_INDEXER_BWD_PORTABLE=1`; else the portable kernels.
+    /// `bwd_sm90.cu` where `bwd_sm90_unsupported` has no objection, on a Hopper device
+    /// (`Gpu::hopper()`), unless `idx_bwd90.enabled` is off; else the portable kernels.
     Auto,
     /// `bwd_mma.cu` / `bwd.cu`, on any device.
     Portable,
     /// `bwd_sm90.cu`; an `Unavailable` error where it cannot run. Ignores `DSV4_PORTABLE` and
-    /// `DSV4_INDEXER_BWD_PORTABLE`, so tests can compare the kernels.
+    /// the config, so tests can compare the kernels.
     Hopper,
 }
 
@@ -30,7 +31,7 @@ pub enum BwdPath {
 /// D <= 128 a multiple of 8 (whole 16-byte rows, 4-column dkv reductions), T >= 1, B*S rows
 /// in i32, dq 4-byte and dpooled_kv 16-byte aligned, an sm_90a device with the opt-in
 /// shared memory.
-pub fn bwd_sm90_unsupported(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &TensorViewMut, dkv: &TensorViewMut) -> Option<String> {
+fn bwd_sm90_unsupported(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &TensorViewMut, dkv: &TensorViewMut) -> Option<String> {
     let (h, d) = (a.fwd.q.shape()[2], a.fwd.q.shape()[3]);
     let (b, s, t) = (a.fwd.q.shape()[0], a.fwd.q.shape()[1], a.topk_indices.shape()[2]);
     if gpu.props().arch != "sm_90a" {
@@ -59,7 +60,7 @@ pub fn bwd_sm90_unsupported(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &Tensor
 fn use_bwd_sm90(gpu: &Gpu, op: &'static str, path: BwdPath, a: &IndexerTopkScoresBwdArgs, dq: &TensorViewMut, dkv: &TensorViewMut) -> Result<bool> {
     match path {
         BwdPath::Portable => Ok(false),
-        BwdPath::Auto => Ok(gpu.hopper() && std::env::var("DSV4_INDEXER_BWD_PORTABLE").as_deref() != Ok("1") && bwd_sm90_unsupported(gpu, a, dq, dkv).is_none()),
+        BwdPath::Auto => Ok(gpu.hopper() && configured::<IdxBwd90Config>()?.enabled && bwd_sm90_unsupported(gpu, a, dq, dkv).is_none()),
         BwdPath::Hopper => match bwd_sm90_unsupported(gpu, a, dq, dkv) {
             Some(why) => Err(unavailable(op, why)),
             None => Ok(true),
@@ -67,7 +68,7 @@ fn use_bwd_sm90(gpu: &Gpu, op: &'static str, path: BwdPath, a: &IndexerTopkScore
     }
 }
 
-/// One launch of `bwd_sm90.cu` (the caller checked [`bwd_sm90_unsupported`]): dpooled_kv
+/// One launch of `bwd_sm90.cu` (the caller checked `bwd_sm90_unsupported`): dpooled_kv
 /// zeroed, then a persistent grid of at most one CTA per SM, two query rows in flight per CTA.
 fn launch_bwd_sm90(gpu: &Gpu, op: &'static str, a: &IndexerTopkScoresBwdArgs, sh: &Shape, dq: u64, dw: u64, dkv: u64) -> Result<()> {
     let f = &a.fwd;
@@ -115,7 +116,7 @@ fn launch_bwd_sm90(gpu: &Gpu, op: &'static str, a: &IndexerTopkScoresBwdArgs, sh
     // One CTA per SM (196 KiB of shared memory, 384 threads at 168 registers), each with two
     // rows in flight (one per consumer); fewer when there are fewer rows.
     let grid = (gpu.props().sm_count as usize).min((b * s).div_ceil(2)).max(1);
-    let k = gpu.kernel("indexer/bwd_sm90.cu", "indexer_bwd_sm90", &[("IDX_H", h.to_string()), ("IDX_D", d.to_string())])?;
+    let k = gpu.kernel("indexer/bwd_sm90.cu", "indexer_bwd_sm90", &shape_defines(h, d))?;
     // SAFETY: q / pooled_kv are 16-byte rows readable to D (a multiple of 8; tc_operand,
     // alive until after the launch is queued, scratch frees are stream ordered); weights,
     // topk, grad are live device views read at their own strides; dq / dw are contiguous
@@ -130,31 +131,30 @@ fn launch_bwd_sm90(gpu: &Gpu, op: &'static str, a: &IndexerTopkScoresBwdArgs, sh
 // The operation
 
 /// Backward of `topk_scores`: dq `[B,S,H,D]` bf16, dweights `[B,S,H]` f32, dpooled_kv
-/// `[B,P,D]` f32 (atomics, or a fixed-order reduction when `a.deterministic`).
-/// Tensor cores (`bwd_sm90.cu` on Hopper in atomic mode, else `bwd_mma.cu`) for H <= 64,
-/// D <= 128; CUDA cores (`bwd.cu`) beyond.
-pub fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut) -> Result<()> {
+/// `[B,P,D]` f32 (atomics, or a fixed-order reduction when `a.deterministic`), into the
+/// validated outputs. Tensor cores (`bwd_sm90.cu` on Hopper in atomic mode, else
+/// `bwd_mma.cu`) for H <= 64, D <= 128; CUDA cores (`bwd.cu`) beyond.
+pub(crate) fn topk_scores_backward(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut) -> Result<()> {
     topk_scores_backward_with(gpu, a, dq, dw, dkv, BwdPath::Auto)
 }
 
-/// [`topk_scores_backward`] by the kernel `path` picks (tests and benchmarks compare them).
+/// [`topk_scores_backward`] by the kernel `path` picks (tests compare them); `a` and the
+/// outputs as `dsv4_core::ops::indexer::indexer_topk_scores_backward_into` validates them.
 pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &mut TensorViewMut, dw: &mut TensorViewMut, dkv: &mut TensorViewMut, path: BwdPath) -> Result<()> {
     const OP: &str = "indexer_topk_scores_backward";
     let f = &a.fwd;
     check_bf16(OP, f)?;
-    check_contiguous(OP, "dq", dq)?;
-    check_contiguous(OP, "dweights", dw)?;
-    check_contiguous(OP, "dpooled_kv", dkv)?;
     let sh = shape_of(OP, f)?;
     let (b, s, h, d, p) = (sh.b as usize, sh.s as usize, sh.h as usize, sh.d as usize, sh.p as usize);
     if b * s > 0 && use_bwd_sm90(gpu, OP, path, a, dq, dkv)? {
         return launch_bwd_sm90(gpu, OP, a, &sh, dq.as_view().address(), dw.as_view().address(), dkv.as_view().address());
     }
+    let bwd_cfg = configured::<IdxBwdConfig>()?;
     // bwd_mma.cu writes dq pairs as 4-byte words and adds dkv pairs as 8-byte vectors
     // when D is even: it needs dq and the atomic target aligned to match.
     let aligned = d % 2 == 1 || (dq.as_view().address().is_multiple_of(4) && (a.deterministic || dkv.as_view().address().is_multiple_of(8)));
     let mma = bwd_mma_fits(h, d) && aligned;
-    let smem = if mma { bwd_mma_smem_bytes(h, d, a.deterministic) } else { bwd_smem_bytes(h, d) };
+    let smem = if mma { bwd_mma_smem_bytes(h, d, a.deterministic) } else { bwd_smem_bytes(&bwd_cfg, h, d) };
     let limit = gpu.props().max_shared_per_block_optin as usize;
     if smem > limit {
         return Err(unavailable(OP, format!("H = {h}, D = {d} need {smem} bytes of shared memory per CTA; the device allows {limit}")));
@@ -168,7 +168,7 @@ pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &m
     let (prm, _packed) = bwd_params(gpu, OP, a, &sh, mma, dq.as_view().address(), dw.as_view().address(), dkv_ptr, &workspace, n_chunks, rows_per_cta)?;
     let grid = [grid_dim(OP, "query chunks", n_chunks)?, grid_dim(OP, "batch", b)?, 1];
     if mma {
-        let k = gpu.kernel("indexer/bwd_mma.cu", "indexer_bwd_mma", &[("IDX_H", h.to_string()), ("IDX_D", d.to_string())])?;
+        let k = gpu.kernel("indexer/bwd_mma.cu", "indexer_bwd_mma", &shape_defines(h, d))?;
         // SAFETY: q / pooled_kv are 16-byte rows readable to round_up(D, 8) (tc_operand,
         // alive in `_packed` until after the launch is queued; scratch frees are stream
         // ordered), weights, topk, grad are live device views read at their own strides;
@@ -178,13 +178,14 @@ pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &m
         // these defines; the params type is the entry's.
         unsafe { k.launch(grid, [BWD_MMA_THREADS, 1, 1], smem as u32, &prm)? };
     } else {
-        let k = gpu.kernel("indexer/bwd.cu", "indexer_bwd", &[])?;
+        let k = gpu.kernel("indexer/bwd.cu", "indexer_bwd", &bwd_defines(&bwd_cfg)?)?;
         // SAFETY: q, pooled_kv, weights, topk, grad are live device views read at their own
         // strides; dq/dw are contiguous outputs of [B,S,H,D] / [B,S,H]; dkv is the zeroed
         // [B,P,D] output (atomic) or the zeroed [B, n_chunks, P, D] workspace whose chunk
-        // count matches the grid; shared memory is bwd_smem_bytes(H, D); the params type is
-        // the entry's.
-        unsafe { k.launch(grid, [BWD_THREADS as u32, 1, 1], smem as u32, &prm)? };
+        // count matches the grid; shared memory is bwd_smem_bytes(H, D) for the config's
+        // BWD_THREADS / BWD_NS, which the kernel is compiled with; the params type is the
+        // entry's.
+        unsafe { k.launch(grid, [bwd_cfg.threads as u32, 1, 1], smem as u32, &prm)? };
     }
     if let Some(ws) = &workspace {
         launch_bwd_reduce(gpu, OP, &sh, ws, dkv_ptr, n_chunks)?;
@@ -197,10 +198,11 @@ pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &m
 /// zeroed (`dkv_ptr`, `dkv_bytes`).
 fn bwd_dkv_chunks(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, (b, s, p, d): (usize, usize, usize, usize), dkv_ptr: u64, dkv_bytes: usize) -> Result<(usize, usize, Option<Scratch>)> {
     // Deterministic: chunks of consecutive queries, each CTA with its own partial slice;
-    // about two CTAs per SM, within BWD_WORKSPACE_BYTES.
+    // about `det_ctas_per_sm` CTAs per SM, within `det_workspace_bytes`.
     if a.deterministic && p * d > 0 {
-        let want = (2 * gpu.props().sm_count as usize).div_ceil(b).max(1);
-        let fit = (BWD_WORKSPACE_BYTES / (b * p * d * 4)).max(1);
+        let cfg = configured::<IdxBwdMmaConfig>()?;
+        let want = (cfg.det_ctas_per_sm.max(1) * gpu.props().sm_count as usize).div_ceil(b).max(1);
+        let fit = (cfg.det_workspace_bytes / (b * p * d * 4)).max(1);
         let rows = s.div_ceil(want.min(fit).min(s));
         let n = s.div_ceil(rows);
         let ws = gpu.scratch(b * n * p * d * 4)?;

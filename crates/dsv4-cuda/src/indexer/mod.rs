@@ -1,25 +1,22 @@
 //! The lightning indexer on the GPU (SPEC.md sections 2 and 3): launchers for
-//! `kernels/indexer/`.
+//! `kernels/indexer/`. Inputs and outputs come validated by `dsv4-core` (its `ops::indexer`
+//! functions); the launchers add only what the kernels need (bf16 q and pooled_kv, sizes in
+//! i32, shared memory).
 //!
-//! - `scores`: tensor-core causal scores (`scores.cu`): per CTA a block of queries with all
-//!   their heads against streamed tiles of pooled keys, relu + weighted head sum in
-//!   registers, tiles past the causal limit never computed.
+//! - `scores`: on Hopper (`Gpu::hopper()`: sm_90a, unless `DSV4_PORTABLE=1`) and H <= 64,
+//!   D <= 128, `scores_sm90.cu` (wgmma: two consumer warpgroups of 4 queries sharing a key
+//!   ring that a producer warp fills by TMA, or by cp.async where kv cannot be mapped);
+//!   elsewhere `scores.cu` (mma.sync: per CTA a block of queries with all their heads
+//!   against streamed tiles of pooled keys, relu + weighted head sum in registers, tiles
+//!   past the causal limit never computed). [`ScoresPath`] forces either kernel (tests).
 //! - `topk`: one CTA per row (`topk.cu`): radix select on order-preserving keys, gather of
 //!   the keys above the threshold, bitonic sort, ties at the threshold taken in index order.
-//! - `fused_topk`: the scores kernel keeps each query's row of scores in shared memory and
-//!   selects its top-k there with the same block-wide selection as `topk`
-//!   (`select.cuh`): memory O(S × k), one launch. Rows too long for shared memory (P
-//!   beyond ~10.8K at H = 64, D = 128, k = 512; see [`FUSED_SMEM_BYTES`]) fall back to
-//!   scores of a bounded block of queries in a scratch (at most [`FUSED_SCRATCH_BYTES`])
-//!   followed by `topk`, block after block.
-//! - On Hopper (`Gpu::hopper()`: sm_90a, unless `DSV4_PORTABLE=1`) and H <= 64, D <= 128,
-//!   dense scores and the fused top-k run `scores_sm90.cu` instead (wgmma, a producer warp
-//!   streaming key tiles through an mbarrier ring; fused: a persistent grid whose CTAs
-//!   keep their rows of scores in a scratch slot in L2 and select with the same
-//!   `select.cuh`). [`ScoresPath`] forces either kernel (tests, benchmarks). The default
-//!   selection on Hopper is the chunked path over those dense scores, measured faster than
-//!   the fused Hopper kernel (see `fused_topk_with`).
-//! - `topk_scores`: the scores kernel in gather mode (the key tile is the query's selection;
+//! - `fused_topk` (scores + top-k): on Hopper the chunked path (dense scores of a bounded
+//!   block of queries in a scratch, then `topk.cu`, block after block); elsewhere
+//!   `scores.cu` keeps each query's row of scores in shared memory and selects its top-k
+//!   there with `topk.cu`'s selection (`select.cuh`), one launch, when the rows fit
+//!   (`IdxScoresConfig::fused_smem_bytes`), else the chunked path.
+//! - `topk_scores`: `scores.cu` in gather mode (the key tile is the query's selection;
 //!   the indices are fetched two tiles ahead of the row copies).
 //! - `topk_scores_backward`: `bwd_mma.cu` on tensor cores for H <= 64, D <= 128 (per query
 //!   and 64-slot tile: A = q kv^T, G = g*scale*w*[A>0], dq += G kv, dkv_tile = G^T q), else
@@ -27,15 +24,15 @@
 //!   order (deterministic). On Hopper, atomic mode, H <= 64 and D <= 128 a multiple of 8,
 //!   `bwd_sm90.cu` instead (the same products on wgmma: a persistent grid, a producer
 //!   warpgroup gathering each consumer's kv tiles through an mbarrier ring, two independent
-//!   consumer warpgroups); `DSV4_INDEXER_BWD_PORTABLE=1` keeps `bwd_mma.cu` (to compare),
-//!   [`BwdPath`] forces either kernel (tests).
+//!   consumer warpgroups); [`BwdPath`] forces either kernel (tests).
 //!
 //! q and pooled_kv must be bf16; inputs may have any strides (the tensor-core loaders read
 //! 16-byte rows; other layouts are first packed by `pack.cu`). Outputs are contiguous.
 //!
-//! Files: `params.rs` (the structs of `params.cuh`), `config.rs` (tiles, threads, shapes and
-//! shared memory of every kernel), `pack.rs` (tensor-core operands), `scores.rs`, `topk.rs`
-//! (with the fused and chunked scores + top-k), `topk_scores.rs`, `backward.rs`.
+//! Files: `params.rs` (the structs of `params.cuh`), `config.rs` (the typed configs, and
+//! the tiles, defines and shared memory of every kernel), `pack.rs` (tensor-core operands),
+//! `scores.rs`, `topk.rs` (with the fused and chunked scores + top-k), `topk_scores.rs`,
+//! `backward.rs`, `variants.rs` (the compile variants).
 
 mod backward;
 mod config;
@@ -46,32 +43,27 @@ mod scores;
 mod tests;
 mod topk;
 mod topk_scores;
+mod variants;
 
 use dsv4_core::ops::indexer::IndexerArgs;
-use dsv4_core::{DType, Error, Result, TensorView, TensorViewMut};
+use dsv4_core::{DType, Error, Result, TensorView};
 
-pub use backward::{bwd_sm90_unsupported, topk_scores_backward, topk_scores_backward_with, BwdPath};
-pub use params::{IndexerBwdParams, IndexerBwdReduceParams, IndexerBwdSm90Params, IndexerPackParams, IndexerScoresParams, IndexerTopkParams, PARAMS_SIZES};
-pub use scores::{hopper_scores_supported, scores, scores_with, ScoresPath};
-pub use topk::{chunked_topk, chunked_topk_with, fused_topk, fused_topk_with, topk};
-pub use topk_scores::topk_scores;
+pub(crate) use backward::topk_scores_backward;
+pub use backward::{topk_scores_backward_with, BwdPath};
+pub use config::{IdxBwd90Config, IdxBwdConfig, IdxBwdMmaConfig, IdxPackConfig, IdxScores90Config, IdxScoresConfig, IdxTopkConfig, IdxTopkScoresConfig};
+pub(crate) use params::PARAMS_SIZES;
+pub(crate) use scores::scores;
+pub use scores::{scores_with, ScoresPath};
+pub use topk::{chunked_topk, chunked_topk_with, fused_topk_with};
+pub(crate) use topk::{fused_topk, topk};
+pub(crate) use topk_scores::topk_scores;
+pub use variants::compile_variants;
 
 /// Whether these kernels can run (`is_kernel_available("indexer")`).
 pub const READY: bool = true;
 
-/// Shared memory a CTA of the fully fused scores + top-k may use (its rows of P scores and
-/// sort buffer included); beyond it `fused_topk` takes the chunked path. 160 KiB keeps one
-/// CTA per SM with room on Hopper (227 KiB) and A100 (163 KiB opt-in).
-pub const FUSED_SMEM_BYTES: usize = 160 << 10;
-
 /// Bytes of `SelectSmem` (select.cuh).
 const SELECT_SMEM_BYTES: usize = 2304;
-
-/// Bound on the scores scratch of `fused_topk`'s chunked path, in bytes.
-pub const FUSED_SCRATCH_BYTES: usize = 256 << 20;
-
-/// Bound on the partial-dkv workspace of the deterministic backward, in bytes.
-pub const BWD_WORKSPACE_BYTES: usize = 256 << 20;
 
 // ---------------------------------------------------------------------------------------
 // Small helpers
@@ -99,13 +91,6 @@ fn check_bf16(op: &'static str, a: &IndexerArgs) -> Result<()> {
     Ok(())
 }
 
-fn check_contiguous(op: &'static str, arg: &'static str, v: &TensorViewMut) -> Result<()> {
-    if !v.is_contiguous() {
-        return Err(Error::Layout { op, arg, reason: format!("the CUDA indexer writes contiguous outputs; got strides {:?} for shape {:?}", v.strides(), v.shape()) });
-    }
-    Ok(())
-}
-
 /// Scalars shared by every indexer launch, as i32, checked once.
 struct Shape {
     b: i32,
@@ -117,18 +102,20 @@ struct Shape {
     compress_ratio: i32,
 }
 
+/// The validated dimensions of `a` as the kernels' i32 (`Unavailable` beyond their limits).
 fn shape_of(op: &'static str, a: &IndexerArgs) -> Result<Shape> {
-    let (dm, _) = a.validate()?;
-    to_i32(op, "query_start + S", a.query_start + dm.s)?;
-    if dm.b > 65535 {
-        return Err(unavailable(op, format!("B = {} exceeds the grid's y limit of 65535", dm.b)));
+    let (q, kv) = (a.q.shape(), a.pooled_kv.shape());
+    let (b, s, h, d, p) = (q[0], q[1], q[2], q[3], kv[1]);
+    to_i32(op, "query_start + S", a.query_start + s)?;
+    if b > 65535 {
+        return Err(unavailable(op, format!("B = {b} exceeds the grid's y limit of 65535")));
     }
     Ok(Shape {
-        b: to_i32(op, "B", dm.b)?,
-        s: to_i32(op, "S", dm.s)?,
-        h: to_i32(op, "H", dm.h)?,
-        d: to_i32(op, "D", dm.d)?,
-        p: to_i32(op, "P", dm.p)?,
+        b: to_i32(op, "B", b)?,
+        s: to_i32(op, "S", s)?,
+        h: to_i32(op, "H", h)?,
+        d: to_i32(op, "D", d)?,
+        p: to_i32(op, "P", p)?,
         query_start: to_i32(op, "query_start", a.query_start)?,
         compress_ratio: to_i32(op, "compress_ratio", a.compress_ratio)?,
     })
@@ -136,11 +123,4 @@ fn shape_of(op: &'static str, a: &IndexerArgs) -> Result<Shape> {
 
 fn grid_dim(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).ok().filter(|&x| x <= i32::MAX as u32).ok_or_else(|| unavailable(op, format!("{what} = {v} blocks exceed the grid limit")))
-}
-
-/// The kernel variants this family's launchers can select, rendered from their configs
-/// (the kernel compile test builds these; see `tuning::compile_variants`). Files not yet
-/// listed are compiled from their `// dsv4-test-defines:` lines.
-pub fn compile_variants() -> Vec<crate::tuning::Variant> {
-    Vec::new()
 }

@@ -2,9 +2,11 @@
 
 use dsv4_core::{Result, TensorView};
 
+use super::config::IdxPackConfig;
 use super::params::IndexerPackParams;
 use super::{strides_i64, unavailable};
 use crate::runtime::{Gpu, Scratch};
+use crate::tuning::configured;
 
 /// A bf16 operand of the tensor-core loaders: base address and strides (elements) of its
 /// leading dims, rows readable as whole 16-byte chunks. Holds the packed copy when one
@@ -44,7 +46,8 @@ pub(super) fn tc_operand(gpu: &Gpu, op: &'static str, v: &TensorView) -> Result<
     let total = rows * d_pad;
     if total > 0 {
         let k = gpu.kernel("indexer/pack.cu", "indexer_pack_bf16", &[])?;
-        let blocks = total.div_ceil(256).min(gpu.props().sm_count as usize * 16).max(1) as u32;
+        let per_sm = configured::<IdxPackConfig>()?.blocks_per_sm.max(1);
+        let blocks = total.div_ceil(256).min(gpu.props().sm_count as usize * per_sm).max(1) as u32;
         // SAFETY: src addresses exactly the elements of `v` (its shape and strides, a live
         // device view); dst is a fresh scratch of rows*d_pad bf16; the params type is the
         // entry's.

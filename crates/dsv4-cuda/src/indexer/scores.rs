@@ -4,11 +4,12 @@
 use dsv4_core::ops::indexer::IndexerArgs;
 use dsv4_core::{DType, Result, TensorView, TensorViewMut};
 
-use super::config::{sm90_consumer_groups, sm90_fits, sm90_smem_bytes, ScoresTiles, SM90_BQ, SM90_CTAS_PER_SM, SM90_THREADS};
+use super::config::{sm90_defines, sm90_fits, sm90_smem_bytes, IdxScores90Config, IdxScoresConfig, IdxTopkScoresConfig, ScoresMode, ScoresTiles, SM90_BQ, SM90_NWG, SM90_THREADS};
 use super::pack::{tc_operand, TcOperand};
 use super::params::IndexerScoresParams;
-use super::{check_bf16, check_contiguous, grid_dim, shape_of, strides_i64, to_i32, unavailable, Shape};
+use super::{check_bf16, grid_dim, shape_of, strides_i64, to_i32, unavailable, Shape};
 use crate::runtime::{Gpu, TmaDesc};
+use crate::tuning::configured;
 
 /// Operands of a scores launch prepared once per call.
 pub(super) struct ScoresInputs {
@@ -18,12 +19,14 @@ pub(super) struct ScoresInputs {
     pub(super) tiles: ScoresTiles,
 }
 
-pub(super) fn scores_inputs(gpu: &Gpu, op: &'static str, a: &IndexerArgs, gather: bool) -> Result<ScoresInputs> {
-    let tiles = ScoresTiles::choose(gpu, op, a.q.shape()[2], a.q.shape()[3], gather)?;
+/// The operands, and the `scores.cu` tile for `mode` (from the configs).
+pub(super) fn scores_inputs(gpu: &Gpu, op: &'static str, a: &IndexerArgs, mode: ScoresMode) -> Result<ScoresInputs> {
+    let limit = gpu.props().max_shared_per_block_optin as usize;
+    let tiles = ScoresTiles::choose(&configured::<IdxScoresConfig>()?, &configured::<IdxTopkScoresConfig>()?, limit, op, a.q.shape()[2], a.q.shape()[3], mode)?;
     Ok(ScoresInputs { q: tc_operand(gpu, op, &a.q)?, kv: tc_operand(gpu, op, &a.pooled_kv)?, w: strides_i64(&a.weights), tiles })
 }
 
-/// Where a launch of `scores.cu` writes: dense or gather scores rows at `out`, or (fused)
+/// Where a launch of `scores.cu` or `scores_sm90.cu` writes: dense or gather scores rows at `out`, or (fused)
 /// values at `out` and indices at `idx`, rows of `k` slots.
 pub(super) struct ScoresOut {
     pub(super) out: u64,
@@ -36,8 +39,8 @@ pub(super) struct ScoresOut {
 }
 
 /// The params both score kernels (`scores.cu`, `scores_sm90.cu`) share for queries
-/// `[s_begin, s_begin + s_count)` written to `dst`; no selection (`topk`, `t` 0), no fused
-/// scratch (`rows` 0), no sort buffer (`sort_cap` 0): the caller sets its own.
+/// `[s_begin, s_begin + s_count)` written to `dst`; no selection (`topk`, `t` 0), no sort
+/// buffer (`sort_cap` 0): the caller sets its own.
 fn scores_params(op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<IndexerScoresParams> {
     Ok(IndexerScoresParams {
         q: inp.q.ptr,
@@ -81,7 +84,10 @@ fn scores_params(op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInpu
 /// One launch of `scores.cu` over queries `[s_begin, s_begin + s_count)`.
 pub(super) fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, topk: Option<&TensorView>, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<()> {
     let tiles = &inp.tiles;
-    let sort_cap = tiles.fused.map_or(0, |(_, cap)| cap);
+    let sort_cap = match tiles.mode {
+        ScoresMode::Fused { sort_cap, .. } => sort_cap,
+        _ => 0,
+    };
     let (t_ptr, t_st, t_len, t_i64) = match topk {
         Some(t) => {
             let st = strides_i64(t);
@@ -113,10 +119,11 @@ pub(super) fn launch_scores(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &S
 // ---------------------------------------------------------------------------------------
 // Hopper scores kernel (scores_sm90.cu): kernel choice and launch
 
-/// Which scores kernel `scores_with` / `fused_topk_with` / `chunked_topk` use.
+/// Which scores kernel `scores_with` / `fused_topk_with` / `chunked_topk_with` use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScoresPath {
-    /// `scores_sm90.cu` when [`hopper_scores_supported`], else `scores.cu`.
+    /// `scores_sm90.cu` where it runs (an sm_90a device, `Gpu::hopper()`; H <= 64,
+    /// D <= 128), else `scores.cu`.
     Auto,
     /// `scores.cu` (mma.sync), on any device.
     Portable,
@@ -125,37 +132,24 @@ pub enum ScoresPath {
     Hopper,
 }
 
-/// The dense two-warpgroup `scores_sm90.cu` fills its key ring by TMA where
-/// [`sm90_kv_tensor_map`] can map kv (the kernel's IDX90_TMA), unless `IDX90_TMA=0` is in
-/// `DSV4_EXTRA_DEFINES` (the cp.async ring, to compare).
-fn sm90_tma_requested(nwg: usize) -> bool {
-    nwg == 2 && crate::runtime::extra_define("IDX90_TMA") != Some("0")
-}
-
 /// The TMA map `scores_sm90.cu` loads key tiles with (IDX90_TMA): kv as a `[B][P][D]` bf16
 /// tensor at `kv` (`kv_sb`, `kv_sp` in elements), boxes of 64 keys x 64 head-dim columns
 /// (one SW128 group of a ring stage; columns >= D and keys >= P read as zeros). With
 /// B = 1 the batch stride is never used (box coordinate 0), so any valid one stands in.
 fn sm90_kv_tensor_map(gpu: &Gpu, kv: u64, (b, p, d): (usize, usize, usize), (kv_sb, kv_sp): (i64, i64)) -> Result<TmaDesc> {
-    let bytes = |stride: i64| u64::try_from(stride).map_or(0, |s| s.saturating_mul(2));  // negative: 0, refused
+    let bytes = |stride: i64| u64::try_from(stride).map_or(0, |s| s.saturating_mul(2)); // negative: 0, refused
     let row = bytes(kv_sp);
     let batch = if b == 1 { row.saturating_mul(p as u64) } else { bytes(kv_sb) };
     gpu.tma_map_bf16(kv, &[d as u64, p as u64, b as u64], &[row, batch], &[64, 64, 1])
 }
 
-/// Whether `Auto` takes the Hopper kernel for heads `h`, head dim `d` on this device
-/// (dense scores; the fused top-k also needs its sort buffer to fit).
-pub fn hopper_scores_supported(gpu: &Gpu, h: usize, d: usize) -> bool {
-    gpu.hopper() && sm90_fits(h, d)
-}
-
 /// Whether this launch uses `scores_sm90.cu` (`Ok(false)`: `scores.cu`).
-pub(super) fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize, fused_sort_cap: Option<usize>) -> Result<bool> {
-    let smem = sm90_smem_bytes(h, d, fused_sort_cap, sm90_consumer_groups(fused_sort_cap.is_some()));
+pub(super) fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, d: usize) -> Result<bool> {
+    let smem = sm90_smem_bytes(&configured::<IdxScores90Config>()?, h, d);
     let smem_ok = smem <= gpu.props().max_shared_per_block_optin as usize;
     match path {
         ScoresPath::Portable => Ok(false),
-        ScoresPath::Auto => Ok(hopper_scores_supported(gpu, h, d) && smem_ok),
+        ScoresPath::Auto => Ok(gpu.hopper() && sm90_fits(h, d) && smem_ok),
         ScoresPath::Hopper => {
             if gpu.props().arch != "sm_90a" {
                 Err(unavailable(op, format!("the Hopper scores kernel needs sm_90a; this device is {}", gpu.props().arch)))
@@ -170,54 +164,34 @@ pub(super) fn use_sm90(gpu: &Gpu, op: &'static str, path: ScoresPath, h: usize, 
     }
 }
 
-/// One launch of `scores_sm90.cu` over queries `[s_begin, s_begin + s_count)`: dense rows
-/// at `dst.out` (`fused_sort_cap == None`), or the fused top-k into `dst.out` / `dst.idx`.
-pub(super) fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize, fused_sort_cap: Option<usize>) -> Result<()> {
+/// One launch of `scores_sm90.cu`: dense rows of queries `[s_begin, s_begin + s_count)` at
+/// `dst.out`, one CTA per (batch row, block of 8 queries).
+fn launch_scores_sm90(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize) -> Result<()> {
     let (b, h, d, p) = (sh.b as usize, sh.h as usize, sh.d as usize, sh.p as usize);
-    let nwg = sm90_consumer_groups(fused_sort_cap.is_some());
-    let smem = sm90_smem_bytes(h, d, fused_sort_cap, nwg);
-    let items = s_count.div_ceil(nwg * SM90_BQ) * b;
-    // Dense: one CTA per (batch row, query block). Fused: a persistent grid of at most two
-    // CTAs per SM (what shared memory allows), each with its own scratch slot of 4 rows.
-    let grid_x = match fused_sort_cap {
-        None => items,
-        Some(_) => {
-            let per_sm = (gpu.props().max_shared_per_sm as usize / (smem + 1024)).clamp(1, SM90_CTAS_PER_SM);
-            items.min(per_sm * gpu.props().sm_count as usize).max(1)
-        }
-    };
-    let rows = match fused_sort_cap {
-        Some(_) => Some(gpu.scratch(grid_x * SM90_BQ * p * 4)?),
-        None => None,
-    };
-    let prm = IndexerScoresParams {
-        rows: rows.as_ref().map_or(0, |r| r.ptr()),
-        sort_cap: to_i32(op, "sort capacity", fused_sort_cap.unwrap_or(0))?,
-        ..scores_params(op, a, sh, inp, dst, s_begin, s_count)?
-    };
-    // The key ring by TMA (dense with two warpgroups, kv mappable, not IDX90_TMA=0),
-    // else by cp.async: the define is passed either way (it overrides DSV4_EXTRA_DEFINES,
-    // Gpu::kernel), so the kernel is compiled for the ring this launch passes a map for.
-    let kv_map = if sm90_tma_requested(nwg) { sm90_kv_tensor_map(gpu, inp.kv.ptr, (b, p, d), (inp.kv.strides[0], inp.kv.strides[1])).ok() } else { None };
-    let defines = [("IDX_H", h.to_string()), ("IDX_D", d.to_string()), ("IDX_FUSED", (fused_sort_cap.is_some() as u8).to_string()), ("IDX90_TMA", (kv_map.is_some() as u8).to_string())];
-    let k = gpu.kernel("indexer/scores_sm90.cu", "indexer_scores_sm90", &defines)?;
+    let cfg = configured::<IdxScores90Config>()?;
+    let smem = sm90_smem_bytes(&cfg, h, d);
+    let grid_x = s_count.div_ceil(SM90_NWG * SM90_BQ) * b;
+    let prm = scores_params(op, a, sh, inp, dst, s_begin, s_count)?;
+    // The key ring by TMA where kv can be mapped, else by cp.async: the define is passed
+    // either way, so the kernel is compiled for the ring this launch passes a map for.
+    let kv_map = if cfg.tma { sm90_kv_tensor_map(gpu, inp.kv.ptr, (b, p, d), (inp.kv.strides[0], inp.kv.strides[1])).ok() } else { None };
+    let k = gpu.kernel("indexer/scores_sm90.cu", "indexer_scores_sm90", &sm90_defines(&cfg, h, d, kv_map.is_some())?)?;
     let grid = [grid_dim(op, "query blocks", grid_x)?, 1, 1];
     // SAFETY: q/kv rows are 16-byte readable to round_up(D, 8) (tc_operand, alive in `inp`
     // until the launch is queued), weights is a live device view whose strides are
-    // passed; `out` holds B x s_count rows of P (dense) or k (fused, and `idx` likewise) at
-    // the given strides (checked by the callers); `rows` (fused) is a scratch of grid_x x 4
-    // x P f32, one slot per CTA, freed in stream order after the kernel; the dynamic shared
-    // memory is sm90_smem_bytes for these defines and sort_cap; the params type is the
-    // entry's first parameter, TmaDesc its second: the map of kv (B x P x D at kv's strides:
-    // TMA reads only elements of kv) with IDX90_TMA=1, zeros (unread) with IDX90_TMA=0.
-    unsafe { k.launch2(grid, [SM90_THREADS + (nwg as u32 - 1) * 128, 1, 1], smem as u32, &prm, &kv_map.unwrap_or(TmaDesc::ZERO)) }
+    // passed; `out` holds B x s_count rows of P at the given strides (checked by the
+    // callers); the dynamic shared memory is sm90_smem_bytes for these defines; the params
+    // type is the entry's first parameter, TmaDesc its second: the map of kv (B x P x D at
+    // kv's strides: TMA reads only elements of kv) with IDX90_TMA=1, zeros (unread) with
+    // IDX90_TMA=0.
+    unsafe { k.launch2(grid, [SM90_THREADS, 1, 1], smem as u32, &prm, &kv_map.unwrap_or(TmaDesc::ZERO)) }
 }
 
 /// Dense scores rows of queries `[s_begin, s_begin + s_count)` into `dst` by the kernel
 /// `path` picks.
 pub(super) fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Shape, inp: &ScoresInputs, dst: &ScoresOut, s_begin: usize, s_count: usize, path: ScoresPath) -> Result<()> {
-    if use_sm90(gpu, op, path, sh.h as usize, sh.d as usize, None)? {
-        launch_scores_sm90(gpu, op, a, sh, inp, dst, s_begin, s_count, None)
+    if use_sm90(gpu, op, path, sh.h as usize, sh.d as usize)? {
+        launch_scores_sm90(gpu, op, a, sh, inp, dst, s_begin, s_count)
     } else {
         launch_scores(gpu, op, a, sh, inp, None, dst, s_begin, s_count)
     }
@@ -226,22 +200,22 @@ pub(super) fn launch_dense(gpu: &Gpu, op: &'static str, a: &IndexerArgs, sh: &Sh
 // ---------------------------------------------------------------------------------------
 // The operation
 
-/// Scores `[B,S,P]` f32 with the causal -inf (SPEC.md section 2).
-pub fn scores(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()> {
+/// Scores `[B,S,P]` f32 with the causal -inf (SPEC.md section 2), into the validated `out`.
+pub(crate) fn scores(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut) -> Result<()> {
     scores_with(gpu, a, out, ScoresPath::Auto)
 }
 
-/// [`scores`] by the kernel `path` picks (tests and benchmarks compare the two).
+/// The scores by the kernel `path` picks (tests compare the two); `a` and `out` as
+/// `dsv4_core::ops::indexer::indexer_scores_into` validates them.
 pub fn scores_with(gpu: &Gpu, a: &IndexerArgs, out: &mut TensorViewMut, path: ScoresPath) -> Result<()> {
     const OP: &str = "indexer_scores";
     check_bf16(OP, a)?;
-    check_contiguous(OP, "out", out)?;
     let sh = shape_of(OP, a)?;
     let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);
     if b * s * p == 0 {
         return Ok(());
     }
-    let inp = scores_inputs(gpu, OP, a, false)?;
+    let inp = scores_inputs(gpu, OP, a, ScoresMode::Dense)?;
     let dst = ScoresOut { out: out.as_view().address(), idx: 0, k: 0, strides: ((s * p) as i64, p as i64), visible_only: false };
     launch_dense(gpu, OP, a, &sh, &inp, &dst, 0, s, path)
 }
