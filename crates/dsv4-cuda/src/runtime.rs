@@ -200,12 +200,6 @@ fn extra_defines() -> &'static [(String, String)] {
     crate::tuning::extra_defines()
 }
 
-/// The value `DSV4_EXTRA_DEFINES` gives `name` (the last one if repeated), for launchers
-/// whose grid or shared memory follows a kernel variant's define.
-pub fn extra_define(name: &str) -> Option<&'static str> {
-    extra_defines().iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-}
-
 /// A launcher's `defines` followed by the `extra` ones whose names it does not give: its
 /// own values win over `DSV4_EXTRA_DEFINES` (each name is defined once, so NVRTC neither
 /// warns about a redefinition nor takes the later value behind the launcher's back).
@@ -292,12 +286,10 @@ impl Gpu {
 
     /// Compile (or fetch from cache) `source` with `defines` and return its `entry`.
     ///
-    /// `DSV4_EXTRA_DEFINES="NAME=VALUE,..."` adds defines to every kernel compiled by this
-    /// process (a tuning knob: the variants a kernel file documents, timed by `dsv4 bench`
-    /// without a rebuild). The names are part of the cache key like any define. A name
-    /// `defines` also gives keeps the launcher's value (`with_extra_defines`): a
-    /// launcher that reads a knob and decides against it (a TMA map it cannot build, a
-    /// value out of range) passes its own value and the kernel is compiled with it.
+    /// In a build with the `tuning` feature, `DSV4_EXTRA_DEFINES="NAME=VALUE,..."` adds
+    /// defines to every kernel this process compiles (lab experiments; part of the cache key
+    /// like any define); a name `defines` also gives keeps the launcher's value
+    /// (`with_extra_defines`). The default build ignores it.
     pub fn kernel(&self, source: &str, entry: &str, defines: &[(&str, String)]) -> Result<Kernel> {
         let extra = extra_defines();
         let with_extra: Vec<(&str, String)>;
@@ -907,11 +899,11 @@ mod tests {
 
     #[test]
     fn launcher_defines_win_over_extra_defines() {
-        let extra = vec![("IDX90_TMA".to_string(), "1".to_string()), ("IDX90_DIAG".to_string(), "2".to_string())];
+        let extra = vec![("IDX90_TMA".to_string(), "1".to_string()), ("LAB_KNOB".to_string(), "2".to_string())];
         let own = [("IDX_H", "64".to_string()), ("IDX90_TMA", "0".to_string())];
         let merged = with_extra_defines(&own, &extra);
-        assert_eq!(merged, vec![("IDX_H", "64".to_string()), ("IDX90_TMA", "0".to_string()), ("IDX90_DIAG", "2".to_string())]);
-        assert_eq!(with_extra_defines(&[], &extra), vec![("IDX90_TMA", "1".to_string()), ("IDX90_DIAG", "2".to_string())]);
+        assert_eq!(merged, vec![("IDX_H", "64".to_string()), ("IDX90_TMA", "0".to_string()), ("LAB_KNOB", "2".to_string())]);
+        assert_eq!(with_extra_defines(&[], &extra), vec![("IDX90_TMA", "1".to_string()), ("LAB_KNOB", "2".to_string())]);
     }
 
     #[test]
