@@ -22,8 +22,11 @@ _NUMPY_OF = {"f32": np.float32, "i32": np.int32, "i64": np.int64}
 _TORCH_DTYPES = {} if torch is None else {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32", torch.int64: "i64"}
 
 
+_Tensor = None if torch is None else torch.Tensor
+
+
 def is_torch(x) -> bool:
-    return torch is not None and isinstance(x, torch.Tensor)
+    return _Tensor is not None and isinstance(x, _Tensor)
 
 
 def is_array(x) -> bool:
@@ -33,21 +36,21 @@ def is_array(x) -> bool:
 def device_index(x) -> int:
     """-1 for host memory, else the CUDA ordinal."""
     if is_torch(x):
-        if x.device.type == "cpu":
+        if x.is_cuda:
+            return x.get_device()
+        if x.is_cpu:
             return -1
-        if x.device.type == "cuda":
-            return x.device.index if x.device.index is not None else torch.cuda.current_device()
         raise RuntimeError(f"tensors on {x.device} are not supported (cpu or cuda)")
     return -1
 
 
 def is_cuda(x) -> bool:
-    return is_torch(x) and x.device.type == "cuda"
+    return is_torch(x) and x.is_cuda
 
 
 def dtype_name(x) -> str:
     if is_torch(x):
-        return _TORCH_DTYPES.get(x.dtype, str(x.dtype).replace("torch.", ""))
+        return _TORCH_DTYPES.get(x.dtype) or str(x.dtype).replace("torch.", "")
     if x.dtype.name == "bfloat16" and x.itemsize == 2:  # ml_dtypes' bfloat16
         return "bf16"
     return _NUMPY_DTYPES.get(x.dtype, str(x.dtype)) if x.dtype.isnative else f"{x.dtype} (non-native byte order)"
@@ -55,8 +58,15 @@ def dtype_name(x) -> str:
 
 def describe(x, op: str, name: str):
     """The descriptor of ``x``; ``op`` and ``name`` label errors."""
-    if is_torch(x):
-        return (x.data_ptr(), dtype_name(x), tuple(x.shape), tuple(x.stride()), device_index(x))
+    if _Tensor is not None and isinstance(x, _Tensor):
+        # One pass over the attributes (this runs for every tensor of every call).
+        if x.is_cuda:
+            dev = x.get_device()
+        elif x.is_cpu:
+            dev = -1
+        else:
+            dev = device_index(x)  # raises: neither host nor CUDA memory
+        return (x.data_ptr(), _TORCH_DTYPES.get(x.dtype) or dtype_name(x), x.shape, x.stride(), dev)
     if isinstance(x, np.ndarray):
         ptr = x.__array_interface__["data"][0]
         size = x.itemsize

@@ -35,18 +35,27 @@ def resolve_backend(backend) -> str:
 
 
 def _set_stream(arrays) -> None:
+    """Make the native calls of this thread launch on torch's current stream of the first
+    CUDA array's device."""
     for a in arrays:
         if is_cuda(a):
-            dev = a.device
-            _native.set_stream(dev.index if dev.index is not None else torch.cuda.current_device(), torch.cuda.current_stream(dev).cuda_stream)
+            dev = a.get_device()
+            _native.set_stream(dev, _current_raw_stream(dev))
             return
 
 
+def _current_raw_stream(dev: int) -> int:
+    """torch's current stream on ``dev`` as a ``cudaStream_t`` integer (its C accessor,
+    where this torch has it: no Stream object per call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(dev) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
+
+
 def _direct(fn, op, backend, inputs, outputs, scalars):
-    descs = {k: (describe_opt(v, op, k) if (v is None or is_array(v)) else v) for k, v in inputs.items()}
+    descs = {k: (v if (v is not None and not is_array(v)) else describe_opt(v, op, k)) for k, v in inputs.items()}
     out_descs = {k: describe(v, op, k) for k, v in outputs.items()}
     if backend != "reference":
-        _set_stream(list(outputs.values()))
+        _set_stream(outputs.values())
     fn(backend=backend, **descs, **out_descs, **scalars)
 
 
@@ -65,7 +74,7 @@ def run(fn, op: str, family: str, backend, inputs: dict, outputs: dict, scalars:
     name = resolve_backend(backend)
     if user_out:
         check_no_overlap(op, {k: describe(v, op, k) for k, v in outputs.items()}, {k: describe(v, op, k) for k, v in inputs.items() if is_array(v)})
-    on_cuda = any(is_cuda(v) for v in list(inputs.values()) + list(outputs.values()) if is_array(v))
+    on_cuda = any(is_cuda(v) for v in outputs.values()) or any(is_cuda(v) for v in inputs.values())
     if on_cuda and name == "reference":
         return _host_fallback(fn, op, inputs, outputs, scalars)
     if on_cuda and name == "auto":
