@@ -168,6 +168,8 @@ pub fn arch_for(cc: (i32, i32)) -> String {
 }
 
 type ModuleKey = (String, Vec<(String, String)>);
+/// A resolved entry with its full key: (source and defines, entry, kernel).
+type KernelEntry = (ModuleKey, String, Kernel);
 
 /// One device: its primary context, the runtime's own stream and the kernel caches.
 pub struct Gpu {
@@ -176,7 +178,29 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     props: DeviceProps,
     modules: Mutex<HashMap<ModuleKey, Arc<Module>>>,
-    kernels: Mutex<HashMap<(ModuleKey, String), Kernel>>,
+    /// Resolved entries by the hash of (source, entry, defines), so a call's lookup
+    /// allocates nothing; each bucket keeps its full keys to compare.
+    kernels: Mutex<HashMap<u64, Vec<KernelEntry>>>,
+}
+
+/// The hash of a kernel lookup, over borrowed parts (no allocation).
+fn kernel_hash(source: &str, entry: &str, defines: &[(&str, String)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    entry.hash(&mut h);
+    defines.len().hash(&mut h);
+    for (k, v) in defines {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Whether a cached key is the lookup `(source, entry, defines)`.
+fn same_kernel(module: &ModuleKey, ent: &str, source: &str, entry: &str, defines: &[(&str, String)]) -> bool {
+    let (src, defs) = module;
+    src == source && ent == entry && defs.len() == defines.len() && defs.iter().zip(defines).all(|((a, b), (c, d))| a == c && b == d)
 }
 
 static GPUS: Mutex<Vec<Option<&'static Gpu>>> = Mutex::new(Vec::new());
@@ -299,11 +323,13 @@ impl Gpu {
             with_extra = with_extra_defines(defines, extra);
             &with_extra
         };
-        let mkey: ModuleKey = (source.to_string(), defines.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
-        let key = (mkey.clone(), entry.to_string());
-        if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Ok(k.clone());
+        let hash = kernel_hash(source, entry, defines);
+        if let Some(bucket) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&hash) {
+            if let Some((_, _, k)) = bucket.iter().find(|(m, e, _)| same_kernel(m, e, source, entry, defines)) {
+                return Ok(k.clone());
+            }
         }
+        let mkey: ModuleKey = (source.to_string(), defines.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
         self.bind()?;
         let module = {
             let existing = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&mkey).cloned();
@@ -335,7 +361,7 @@ impl Gpu {
         let func = unsafe { cu::module::get_function(module.raw, c_entry) }.map_err(|e| Error::Cuda(format!("`{source}` has no entry `{entry}`: {e:?}")))?;
         let info = module.entries.iter().find(|e| e.entry == entry).cloned().unwrap_or_else(|| EntryInfo { entry: entry.to_string(), ..Default::default() });
         let k = Kernel { inner: Arc::new(KernelInner { func, _module: module, name: format!("{source}:{entry}"), info, gpu: gpu(self.ordinal)?, smem_opt_in: Mutex::new(0) }) };
-        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, k.clone());
+        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).entry(hash).or_default().push((mkey, entry.to_string(), k.clone()));
         Ok(k)
     }
 
@@ -895,6 +921,19 @@ mod tests {
         assert_eq!(decode_entry(&bad), None);
         assert_eq!(decode_entry(&e[..e.len() - 1]), None);
         assert_eq!(decode_entry(b"garbage"), None);
+    }
+
+    #[test]
+    fn kernel_lookup_keys() {
+        let d = |v: &str| vec![("A", "1".to_string()), ("B", v.to_string())];
+        let module: ModuleKey = ("x.cu".into(), vec![("A".into(), "1".into()), ("B".into(), "2".into())]);
+        assert!(same_kernel(&module, "k", "x.cu", "k", &d("2")));
+        assert!(!same_kernel(&module, "k", "x.cu", "k", &d("3")));
+        assert!(!same_kernel(&module, "k", "x.cu", "j", &d("2")));
+        assert!(!same_kernel(&module, "k", "y.cu", "k", &d("2")));
+        assert!(!same_kernel(&module, "k", "x.cu", "k", &d("2")[..1]));
+        assert_eq!(kernel_hash("x.cu", "k", &d("2")), kernel_hash("x.cu", "k", &d("2")));
+        assert_ne!(kernel_hash("x.cu", "k", &d("2")), kernel_hash("x.cu", "k", &d("3")));
     }
 
     #[test]
