@@ -177,3 +177,43 @@ fn disk_cache_round_trip() {
     assert!(compile_cached("sinkhorn/fwd.cu", &defines, "sm_90a", false).unwrap().from_cache);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every kernel file a launcher requests with no defines (`gpu.kernel("f.cu", "entry", &[])`
+/// in `src/`) compiles with none: a file whose module needs its config's defines must get
+/// them at every launch site, not only at the one `compile_variants` lists.
+#[test]
+fn kernels_launched_without_defines_compile_without_them() {
+    if std::env::var("DSV4_SKIP_NVRTC").as_deref() == Ok("1") {
+        return;
+    }
+    let nv = nvrtc().unwrap_or_else(|e| panic!("{e}"));
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = std::collections::BTreeSet::new();
+    let mut stack = vec![src];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
+            if entry.is_dir() {
+                stack.push(entry);
+            } else if entry.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&entry).unwrap();
+                for call in text.split(".kernel(\"").skip(1) {
+                    let Some((file, rest)) = call.split_once('"') else { continue };
+                    let Some((_, after_entry)) = rest.trim_start_matches([',', ' ']).trim_start_matches('"').split_once('"') else { continue };
+                    if after_entry.trim_start_matches([',', ' ']).starts_with("&[])") {
+                        files.insert(file.to_string());
+                    }
+                }
+            }
+        }
+    }
+    assert!(files.contains("sparse_attention/plan.cu"), "the scan found the plan launcher's call: {files:?}");
+    for file in &files {
+        let path = kernel_files().into_iter().map(|(p, _)| p).find(|p| p == file).unwrap_or_else(|| panic!("no kernel file {file}"));
+        let archs = declared_archs(kernel_files().into_iter().find(|(p, _)| *p == path).unwrap().1).unwrap_or_else(|| ARCHS.iter().map(|s| s.to_string()).collect());
+        for arch in &archs {
+            if let Err(e) = nv.compile(path, &[], arch) {
+                panic!("{file} is launched with no defines but does not compile without them ({arch}): {e}");
+            }
+        }
+    }
+}

@@ -188,7 +188,7 @@ pub fn topk_scores_backward_with(gpu: &Gpu, a: &IndexerTopkScoresBwdArgs, dq: &m
         unsafe { k.launch(grid, [bwd_cfg.threads as u32, 1, 1], smem as u32, &prm)? };
     }
     if let Some(ws) = &workspace {
-        launch_bwd_reduce(gpu, OP, &sh, ws, dkv_ptr, n_chunks)?;
+        launch_bwd_reduce(gpu, OP, &sh, &bwd_cfg, ws, dkv_ptr, n_chunks)?;
     }
     Ok(())
 }
@@ -276,10 +276,12 @@ fn bwd_params(gpu: &Gpu, op: &'static str, a: &IndexerTopkScoresBwdArgs, sh: &Sh
 
 /// The fixed-order sum of the deterministic partial slices `ws` (`[B, n_chunks, P*D]`)
 /// into dpooled_kv at `dkv_ptr`.
-fn launch_bwd_reduce(gpu: &Gpu, op: &'static str, sh: &Shape, ws: &Scratch, dkv_ptr: u64, n_chunks: usize) -> Result<()> {
+fn launch_bwd_reduce(gpu: &Gpu, op: &'static str, sh: &Shape, bwd_cfg: &IdxBwdConfig, ws: &Scratch, dkv_ptr: u64, n_chunks: usize) -> Result<()> {
     let (b, p, d) = (sh.b as usize, sh.p as usize, sh.d as usize);
     let rp = IndexerBwdReduceParams { partial: ws.ptr(), dkv: dkv_ptr, n: (p * d) as i64, b: sh.b, n_chunks: to_i32(op, "chunks", n_chunks)? };
-    let kr = gpu.kernel("indexer/bwd.cu", "indexer_bwd_reduce", &[])?;
+    // The reduce entry lives in bwd.cu, whose module needs the backward's defines (the
+    // same module as `indexer_bwd`; the reduce itself reads none of them).
+    let kr = gpu.kernel("indexer/bwd.cu", "indexer_bwd_reduce", &bwd_defines(bwd_cfg)?)?;
     let blocks = (b * p * d).div_ceil(256).min(gpu.props().sm_count as usize * 8).max(1) as u32;
     // SAFETY: `partial` is the [B, n_chunks, P*D] workspace written above (stream
     // order), `dkv` the contiguous [B,P,D] output; the params type is the entry's.
