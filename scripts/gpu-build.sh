@@ -7,6 +7,8 @@
 #   .dev/gpu/repro/*.xz          the shared reproducers
 #   .dev/gpu/nvrtc.tar.xz        only with DSV4_STAGE_NVRTC=1: libnvrtc + CUDA headers
 #                                (pip wheels) for a GPU machine without a CUDA toolkit
+# DSV4_TUNING=1 builds the lab variant (the `tuning` feature: DSV4_TUNE, DSV4_EXTRA_DEFINES,
+# `dsv4 bench --config`), which scripts/gpu-variants.sh defines needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.dev/gpu
@@ -17,7 +19,7 @@ rm -rf "$out"
 mkdir -p "$out/tests" "$out/golden"
 
 echo "== cargo test --release -p dsv4-cuda --no-run"
-cargo test --release -p dsv4-cuda --no-run --message-format=json-render-diagnostics > "$out/build-tests.json"
+cargo test --release -p dsv4-cuda ${DSV4_TUNING:+--features tuning} --no-run --message-format=json-render-diagnostics > "$out/build-tests.json"
 # One line per test executable: "<target name> <path>".
 python3 - "$out/build-tests.json" > "$out/tests.txt" <<'PY'
 import json, sys
@@ -35,8 +37,8 @@ while read -r name exe; do
   echo "staged test $name"
 done < "$out/tests.txt"
 
-echo "== cargo build --release -p dsv4-cli"
-cargo build --release -p dsv4-cli
+echo "== cargo build --release -p dsv4-cli ${DSV4_TUNING:+--features tuning}"
+cargo build --release -p dsv4-cli ${DSV4_TUNING:+--features tuning}
 cp "$target/release/dsv4" "$out/dsv4"
 strip --strip-debug "$out/dsv4" 2>/dev/null || true
 
