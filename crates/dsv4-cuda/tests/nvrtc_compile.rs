@@ -208,7 +208,7 @@ fn kernels_launched_without_defines_compile_without_them() {
     }
     assert!(files.contains("sparse_attention/plan.cu"), "the scan found the plan launcher's call: {files:?}");
     for file in &files {
-        let path = kernel_files().into_iter().map(|(p, _)| p).find(|p| p == file).unwrap_or_else(|| panic!("no kernel file {file}"));
+        let path = kernel_files().map(|(p, _)| p).find(|p| p == file).unwrap_or_else(|| panic!("no kernel file {file}"));
         let archs = declared_archs(kernel_files().into_iter().find(|(p, _)| *p == path).unwrap().1).unwrap_or_else(|| ARCHS.iter().map(|s| s.to_string()).collect());
         for arch in &archs {
             if let Err(e) = nv.compile(path, &[], arch) {
