@@ -71,9 +71,9 @@ elif [ -x "$sanitizer" ]; then
     run "initcheck $(basename "$t")" "$sanitizer" --tool initcheck --error-exitcode 1 --print-limit 20 "$t" --include-ignored --test-threads=1 small_
   done
   # Shared-memory races and barrier misuse in the attention kernels (many warps, one
-  # CTA-wide shared layout per tile): racecheck and synccheck on their small tests.
+  # CTA-wide shared layout per tile): racecheck and synccheck on the shared attention cases.
   for tool in racecheck synccheck; do
-    run "$tool gpu_sparse_attention" timeout 240 "$sanitizer" --tool $tool --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_sparse_attention" --include-ignored --test-threads=1 small_forward_backward_match_reference
+    run "$tool gpu_cases (attention)" timeout 240 "$sanitizer" --tool $tool --error-exitcode 1 --print-limit 20 "$dir/tests/gpu_cases" --include-ignored --test-threads=1 small_sparse_attention_cases
   done
   # The Hopper kernels' named barriers (two consumer warpgroups, 256 threads) and
   # mbarrier handshakes: synccheck on their tests.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::backend::{self, BackendName};
+use crate::backend::BackendName;
 use crate::compare::{judge, Judgement, Tolerance};
 use crate::error::{Error, Result};
 use crate::ops::indexer::{self, IndexerArgs, IndexerTopkScoresBwdArgs};
@@ -16,7 +16,7 @@ use crate::ops::qnorm_rope::{self, QNormRopeArgs};
 use crate::ops::sinkhorn::{self, SinkhornArgs};
 use crate::ops::sparse_attention::{self as sa, BackwardImpl, SparseAttentionArgs, SparseAttentionBwdArgs, SparseIndices};
 use crate::ops::sparse_indices::{self as si, BuildIndicesArgs};
-use crate::tensor::{DType, Device, HostData, Tensor};
+use crate::tensor::{DType, HostData, Tensor};
 
 /// One case: its op, id, scalar parameters and tensors (host, f32 or i32).
 #[derive(Clone, Debug)]
@@ -116,39 +116,7 @@ impl Case {
     }
 }
 
-/// Where and how a golden run executes.
-#[derive(Clone, Copy, Debug)]
-pub struct Target {
-    pub backend: BackendName,
-    pub device: Device,
-    /// The dtype bf16-kernel inputs (q, kv, pooled_kv) are given in: f32 for the exact
-    /// reference comparison, bf16 for the kernels.
-    pub input_dtype: DType,
-}
-
-impl Target {
-    pub fn reference() -> Self {
-        Target { backend: BackendName::Reference, device: Device::Cpu, input_dtype: DType::F32 }
-    }
-
-    /// A copy of a host tensor in `dtype` on the target's device.
-    pub fn put(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
-        let host = if t.dtype() == dtype {
-            t.clone()
-        } else {
-            match dtype {
-                DType::BF16 => Tensor::from_f32_as_bf16(t.shape(), &t.to_f32_vec()?)?,
-                DType::F32 => Tensor::from_f32(t.shape(), t.to_f32_vec()?)?,
-                DType::I32 => Tensor::from_i32(t.shape(), t.to_i64_vec()?.into_iter().map(|v| v as i32).collect())?,
-                DType::I64 => Tensor::from_i64(t.shape(), t.to_i64_vec()?)?,
-            }
-        };
-        match self.device {
-            Device::Cpu => Ok(host),
-            Device::Cuda(_) => backend::cuda_backend().map_err(Error::Cuda)?.upload(&host.view(), self.device),
-        }
-    }
-}
+pub use crate::cases::Target;
 
 fn j(case: &Case, what: &str, got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<Judgement> {
     Ok(judge(&format!("{}.{what}", case.name()), &got.to_f64_vec()?, &want.to_f64_vec()?, tol))

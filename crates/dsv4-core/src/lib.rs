@@ -10,6 +10,7 @@
 //! ```
 
 pub mod backend;
+pub mod cases;
 pub mod check;
 pub mod compare;
 pub mod error;

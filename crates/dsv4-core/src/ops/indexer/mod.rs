@@ -1,6 +1,7 @@
 //! The lightning indexer (SPEC.md sections 2 and 3): causal scores over compressed keys,
 //! top-k selection, the scores of a selection and their backward.
 
+pub mod cases;
 pub mod reference;
 
 pub use reference::{Causal, Dims};

@@ -1,5 +1,6 @@
 //! Fused Q RMSNorm + partial interleaved RoPE into token-major storage (SPEC.md section 5).
 
+pub mod cases;
 pub mod reference;
 
 pub use reference::Dims;

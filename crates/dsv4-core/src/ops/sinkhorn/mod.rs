@@ -1,5 +1,6 @@
 //! Sinkhorn normalisation of the hyper-connection mixing matrices (SPEC.md section 4).
 
+pub mod cases;
 pub mod reference;
 
 use crate::backend::{alloc_output, common_device, select, BackendName};

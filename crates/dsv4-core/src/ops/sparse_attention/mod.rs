@@ -1,6 +1,7 @@
 //! Sparse MQA attention with per-head sinks over per-query top-k slots (SPEC.md section 1),
 //! and the dense oracle `dense_attention_topk`.
 
+pub mod cases;
 pub mod reference;
 
 pub use reference::Dims;

@@ -1,6 +1,7 @@
 //! The sparse top-k index builder (window + compressed + mask + context-parallel positions
 //! + vision spans) and index plans shared across layers (SPEC.md section 6).
 
+pub mod cases;
 pub mod reference;
 
 use crate::backend::{alloc_output, common_device, select, BackendName};
