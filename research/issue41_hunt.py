@@ -167,7 +167,12 @@ def main():
         env = dict(os.environ)
         if "portable" in case:
             env["DSV4_PORTABLE"] = "1"
-        r = subprocess.run([sys.executable, __file__, case], env=env, capture_output=True, text=True, timeout=300)
+        try:
+            r = subprocess.run([sys.executable, __file__, case], env=env, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            failed += 1
+            print(f"{case}: FAILED: no result in 90 s")
+            continue
         lines = (r.stdout + r.stderr).strip().splitlines()
         if r.returncode != 0:
             failed += 1
