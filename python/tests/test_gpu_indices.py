@@ -123,6 +123,33 @@ def test_shared_reproducer(kernels, impl):
     assert torch.count_nonzero(got[0][0, 2102]) == 0 and torch.count_nonzero(got[1][0, 2102]) == 0
 
 
+@pytest.mark.parametrize("kernels", ["hopper", "portable"], indirect=True)
+@pytest.mark.parametrize("impl", ["atomic", "deterministic"])
+@pytest.mark.parametrize("planned", [False, True], ids=["indices", "plan"])
+def test_empty_rows_have_zero_gradients_whatever_their_dout(kernels, impl, planned):
+    """SPEC.md section 1: a row with no valid slot has out = 0 and zero gradients. Its
+    upstream gradient may hold NaN or inf (a client's garbage, an overflow upstream): dq of
+    that row is 0 and nothing of it reaches dkv or dsinks, on every kernel and mode, with
+    the row scanned slot by slot (indices) or skipped (a plan)."""
+    path = repro_path()
+    if not path.exists():
+        pytest.skip(f"no reproducer at {path}")
+    idx = torch.from_numpy(np.load(io.BytesIO(lzma.open(path).read()))).to(DEV)
+    empty = [2102, 2174]
+    q, kv, sinks, dout = inputs(4096, 5120, seed=43)
+    bad = dout.clone()
+    bad[0, empty[0]] = float("nan")
+    bad[0, empty[1]] = float("inf")
+    scale = D ** -0.5
+    plan = dk.plan_dsv4_sparse_indices(idx, 5120, "cuda") if planned else None
+    got = run_ours(q, kv, sinks, idx, scale, bad, impl, plan=plan)
+    clean = dout.clone()
+    clean[0, empty] = 0
+    want = reference(q, kv, sinks, idx, scale, clean)
+    check(got, want)
+    assert torch.count_nonzero(got[1][0, empty]) == 0, "an empty row's dq is not 0"
+
+
 def nemo_like_indices(s, seed):
     """Window + indexer top-k over the pooled keys as DeepseekV4Attention builds them
     (``dsv4_kernels.bench.selection``), then damaged the ways a real selection can be:

@@ -356,14 +356,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd(const 
         cp_async_wait<0>();  // the Q/dO group when the row has no tile
         const bool row_nonempty = __syncthreads_or(any_valid) || p.all_rows_nonempty;
 
-        // dq, written once (zero for an empty row: every dS was 0)
+        // dq, written once; zeros for an empty row (its masked slots' dS = 0 * (dP - delta)
+        // is NaN where its dout is not finite, and SPEC.md gives it zero gradients)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int h = h0 + wm * 16 + g + 8 * half;
             if (h < p.H) {
                 bf16* qrow = p.dq + (row * p.H + h) * kD + wd * kDW + 2 * c4;
 #pragma unroll
-                for (int n = 0; n < kDW / 8; ++n) *reinterpret_cast<u32*>(qrow + n * 8) = pack_bf16x2(dq[n][2 * half], dq[n][2 * half + 1]);
+                for (int n = 0; n < kDW / 8; ++n) *reinterpret_cast<u32*>(qrow + n * 8) = row_nonempty ? pack_bf16x2(dq[n][2 * half], dq[n][2 * half + 1]) : 0u;
             }
         }
         // dsinks partial: -p_sink * delta (0 for an empty row)

@@ -619,12 +619,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_bwd_sm90(c
     const bool row_nonempty = *flag_s != 0 || p.all_rows_nonempty;
 
     // dq staged as bf16 in the Q area (SW128, this consumer's 4 groups), then 16-byte
-    // coalesced stores; zero for an empty row (every dS was 0).
+    // coalesced stores. An empty row stores zeros: its masked slots' dS = 0 * (dP - delta)
+    // is NaN where its dout is not finite, and SPEC.md gives it zero gradients.
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
         const u32 grp = q_base + (cw * 4 + jj / 8) * kQGroupBytes;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(pack_bf16(dq[4 * jj], dq[4 * jj + 1])) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(pack_bf16(dq[4 * jj + 2], dq[4 * jj + 3])) : "memory");
+        const u32 lo = row_nonempty ? pack_bf16(dq[4 * jj], dq[4 * jj + 1]) : 0u, hi = row_nonempty ? pack_bf16(dq[4 * jj + 2], dq[4 * jj + 3]) : 0u;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r0, jj % 8) + 4 * c4), "r"(lo) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(grp + sw128(r1, jj % 8) + 4 * c4), "r"(hi) : "memory");
     }
     named_sync(3 + cw, 128);
 #pragma unroll 4
