@@ -194,6 +194,9 @@ def bench_nemo_layer(a, rows, add):
     torch.set_default_dtype(torch.bfloat16)
     with torch.device(DEV):
         torch_layer = L.DeepseekV4Attention(cfg, 0, backend=BackendConfig(attn="torch"))
+        # NeMo's parameters start as torch.empty (whatever the allocator held): initialise
+        # them as its model does, so every row times real arithmetic, not NaN.
+        torch_layer.init_weights(torch.device(DEV), init_std=0.02)
         try:  # the seeds' TileLang kernels, where tilelang is installed
             import tilelang  # noqa: F401
 
@@ -219,15 +222,16 @@ def bench_nemo_layer(a, rows, add):
             x.grad = None
 
         shape = f"B={a.b} S={s} hidden=4096 H=64 D=512"
-        runs = [("ours", True, torch_layer), ("seeds-torch", False, torch_layer)] + ([("seeds-tilelang", False, tl_layer)] if tl_layer is not None else [])
+        # patched: the options of apply_dsv4_kernels_to_nemo, or None for a seeds' path
+        runs = [("ours", {}, torch_layer), ("ours+qnorm_rope", {"fused_qnorm_rope": True}, torch_layer), ("seeds-torch", None, torch_layer)] + ([("seeds-tilelang", None, tl_layer)] if tl_layer is not None else [])
         for name, patched, layer in runs:
-            handle = apply_dsv4_kernels_to_nemo() if patched else None
+            handle = apply_dsv4_kernels_to_nemo(**patched) if patched is not None else None
             try:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 try:
-                    add(rows, f"nemo-layer fwd+bwd {name}", shape, lambda: step(layer), peer_of=None if patched else "nemo-layer fwd+bwd ours")
+                    add(rows, f"nemo-layer fwd+bwd {name}", shape, lambda: step(layer), peer_of=None if patched is not None else "nemo-layer fwd+bwd ours")
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     print(f"nemo-layer fwd+bwd {name:20s} {shape}: out of memory", flush=True)
@@ -236,7 +240,7 @@ def bench_nemo_layer(a, rows, add):
                 peak = (torch.cuda.max_memory_allocated() - base) / 2**30
                 rows[-1]["peak_gib"] = peak
                 print(f"    peak memory above the inputs: {peak:.2f} GiB", flush=True)
-                if patched:
+                if patched is not None:
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                         step(layer)
                         torch.cuda.synchronize()
