@@ -25,10 +25,9 @@ from pathlib import Path
 
 H, D = 64, 512
 CASES = [
-    "repro_atomic", "repro_deterministic", "repro_portable_atomic", "repro_portable_deterministic",
-    "repro_i64", "repro_strided", "repro_sinks_neginf", "repro_kv_nan_unselected", "repro_dout_nan_empty",
-    "repro_big_logits", "repro_plan_deterministic", "repro_after_garbage",
-    "nemo_init", "nemo_noinit", "nemo_init_padmask",
+    "repro_atomic", "repro_deterministic", "repro_portable_atomic", "nemo_noinit", "nemo_init", "repro_portable_deterministic",
+    "repro_dout_nan_empty", "repro_sinks_neginf", "repro_kv_nan_unselected", "repro_after_garbage", "repro_i64", "repro_strided",
+    "repro_big_logits", "repro_plan_deterministic", "nemo_init_padmask",
 ]
 
 
