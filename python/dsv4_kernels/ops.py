@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 
 from . import _native
-from ._tensors import check_no_overlap, describe, describe_opt, empty, empty_token_major, is_array, is_cuda, is_torch, torch
+from ._tensors import check_no_overlap, describe, empty, empty_token_major, is_array, is_cuda, is_torch, torch
 
 BackendUnavailableError = _native.BackendUnavailableError
 
@@ -34,13 +34,12 @@ def resolve_backend(backend) -> str:
     return name
 
 
-def _set_stream(arrays) -> None:
+def _set_stream(descs) -> None:
     """Make the native calls of this thread launch on torch's current stream of the first
-    CUDA array's device."""
-    for a in arrays:
-        if is_cuda(a):
-            dev = a.get_device()
-            _native.set_stream(dev, _current_raw_stream(dev))
+    CUDA descriptor's device."""
+    for d in descs:
+        if d[4] >= 0:
+            _native.set_stream(d[4], _current_raw_stream(d[4]))
             return
 
 
@@ -51,18 +50,24 @@ def _current_raw_stream(dev: int) -> int:
     return raw(dev) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
 
 
-def _direct(fn, op, backend, inputs, outputs, scalars):
-    descs = {k: (v if (v is not None and not is_array(v)) else describe_opt(v, op, k)) for k, v in inputs.items()}
-    out_descs = {k: describe(v, op, k) for k, v in outputs.items()}
-    if backend != "reference":
-        _set_stream(outputs.values())
-    fn(backend=backend, **descs, **out_descs, **scalars)
+def _describe_all(op, arrays):
+    """Descriptors of the arrays of ``arrays`` (None and native objects, such as a plan,
+    pass as they are) and whether any of them is CUDA memory: one pass per call."""
+    descs, on_cuda = {}, False
+    for k, v in arrays.items():
+        if v is not None and is_array(v):
+            d = describe(v, op, k)
+            on_cuda = on_cuda or d[4] >= 0
+            descs[k] = d
+        else:
+            descs[k] = v
+    return descs, on_cuda
 
 
 def _host_fallback(fn, op, inputs, outputs, scalars):
     host_in = {k: (v.cpu() if is_cuda(v) else v) for k, v in inputs.items()}
     host_out = {k: (torch.empty_strided(v.size(), v.stride(), dtype=v.dtype) if is_cuda(v) else v) for k, v in outputs.items()}
-    _direct(fn, op, "reference", host_in, host_out, scalars)
+    fn(backend="reference", **_describe_all(op, host_in)[0], **_describe_all(op, host_out)[0], **scalars)
     for k, v in outputs.items():
         if host_out[k] is not v:
             v.copy_(host_out[k])
@@ -72,19 +77,27 @@ def run(fn, op: str, family: str, backend, inputs: dict, outputs: dict, scalars:
     """Call native ``fn`` with descriptors of ``inputs`` and ``outputs`` on the backend
     that ``backend`` names (see the module documentation)."""
     name = resolve_backend(backend)
+    in_descs, in_cuda = _describe_all(op, inputs)
+    out_descs, out_cuda = _describe_all(op, outputs)
     if user_out:
-        check_no_overlap(op, {k: describe(v, op, k) for k, v in outputs.items()}, {k: describe(v, op, k) for k, v in inputs.items() if is_array(v)})
-    on_cuda = any(is_cuda(v) for v in outputs.values()) or any(is_cuda(v) for v in inputs.values())
+        check_no_overlap(op, out_descs, {k: d for k, d in in_descs.items() if isinstance(d, tuple)})
+    on_cuda = in_cuda or out_cuda
     if on_cuda and name == "reference":
         return _host_fallback(fn, op, inputs, outputs, scalars)
     if on_cuda and name == "auto":
         if not _native.is_kernel_available(family):
             return _host_fallback(fn, op, inputs, outputs, scalars)
-        try:
-            return _direct(fn, op, "cuda", inputs, outputs, scalars)
-        except BackendUnavailableError:
-            return _host_fallback(fn, op, inputs, outputs, scalars)
-    return _direct(fn, op, "reference" if name == "auto" else name, inputs, outputs, scalars)
+        name = "cuda"
+    elif name == "auto":
+        name = "reference"
+    if name != "reference":
+        _set_stream(out_descs.values())
+    try:
+        fn(backend=name, **in_descs, **out_descs, **scalars)
+    except BackendUnavailableError:
+        if backend != "auto" or not on_cuda:
+            raise
+        _host_fallback(fn, op, inputs, outputs, scalars)
 
 
 def _or_empty(given, like, shape, dtype):
