@@ -20,8 +20,7 @@ use dsv4_core::ops::sparse_indices::{self as si, BuildIndicesArgs};
 use dsv4_core::{DType, Device, Error, Result, Tensor};
 use dsv4_cuda::runtime::{gpu, Gpu};
 
-use crate::check::rope_tables;
-use crate::data::{Rng, Staged};
+use crate::data::{rope_tables, Rng, Staged};
 
 const GEMM_TFLOPS: f64 = 752.0;
 const COPY_GBPS: f64 = 4240.0;

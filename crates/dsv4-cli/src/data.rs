@@ -1,5 +1,5 @@
-//! Deterministic inputs for `check` and `bench`: bf16-representable values, staged on
-//! the device the run uses.
+//! Deterministic inputs for `bench`: bf16-representable values, staged on the device the
+//! run uses, and RoPE tables.
 
 use dsv4_core::backend;
 use dsv4_core::{DType, Device, Error, Result, Tensor};
@@ -24,4 +24,20 @@ impl Staged {
             Device::Cuda(_) => backend::cuda_backend().map_err(Error::Cuda)?.upload(&host.view(), self.device),
         }
     }
+}
+
+/// DeepSeek-style RoPE tables `[B,S,R]`: pair `j` rotates by `pos * theta^(-2j/R)`; the
+/// first `R/2` entries hold the pair frequencies, the rest repeat them.
+pub fn rope_tables(b: usize, s: usize, r: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut cos, mut sin) = (Vec::with_capacity(b * s * r), Vec::with_capacity(b * s * r));
+    for _ in 0..b {
+        for pos in 0..s {
+            for j in 0..r {
+                let f = 10000f64.powf(-2.0 * (j % (r / 2).max(1)) as f64 / r as f64);
+                cos.push((pos as f64 * f).cos() as f32);
+                sin.push((pos as f64 * f).sin() as f32);
+            }
+        }
+    }
+    (cos, sin)
 }

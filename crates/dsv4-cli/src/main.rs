@@ -64,7 +64,7 @@ pub(crate) fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 fn cmd_check(args: &[String]) -> dsv4_core::Result<bool> {
     let name: BackendName = opt(args, "--backend").unwrap_or("auto").parse()?;
     let preset_name = opt(args, "--preset").unwrap_or("small");
-    let preset = check::preset(preset_name).ok_or_else(|| dsv4_core::Error::Data(format!("unknown preset `{preset_name}` (tiny, small, medium)")))?;
+    let preset = dsv4_core::cases::preset(preset_name).ok_or_else(|| dsv4_core::Error::Data(format!("unknown preset `{preset_name}` (tiny, small, medium)")))?;
     let seed = opt(args, "--seed").map(|s| s.parse().unwrap_or(0)).unwrap_or(0x5eed);
     // `auto` and `cuda` run on the GPU when there is one; otherwise on the CPU.
     let device = match name {

@@ -49,15 +49,21 @@ use dsv4_core::ops::indexer::IndexerArgs;
 use dsv4_core::{DType, Error, Result, TensorView};
 
 pub(crate) use backward::topk_scores_backward;
+// For tests/gpu_indexer.rs: the backward by a forced kernel (Hopper against portable).
+#[doc(hidden)]
 pub use backward::{topk_scores_backward_with, BwdPath};
 pub use config::{IdxBwd90Config, IdxBwdConfig, IdxBwdMmaConfig, IdxPackConfig, IdxScores90Config, IdxScoresConfig, IdxTopkConfig, IdxTopkScoresConfig};
 pub(crate) use params::PARAMS_SIZES;
 pub(crate) use scores::scores;
+// For tests/gpu_indexer.rs: the scores by a forced kernel (Hopper against portable).
+#[doc(hidden)]
 pub use scores::{scores_with, ScoresPath};
-pub use topk::{chunked_topk, chunked_topk_with, fused_topk_with};
+// For tests/gpu_indexer.rs: the bounded-scratch path, and the fused call by a forced scores kernel.
+#[doc(hidden)]
+pub use topk::{chunked_topk, fused_topk_with};
 pub(crate) use topk::{fused_topk, topk};
 pub(crate) use topk_scores::topk_scores;
-pub use variants::compile_variants;
+pub(crate) use variants::compile_variants;
 
 /// Whether these kernels can run (`is_kernel_available("indexer")`).
 pub const READY: bool = true;

@@ -111,7 +111,7 @@ pub fn chunked_topk(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMu
 }
 
 /// [`chunked_topk`] with the scores by the kernel `path` picks.
-pub fn chunked_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize, path: ScoresPath) -> Result<()> {
+fn chunked_topk_with(gpu: &Gpu, a: &IndexerArgs, k: usize, idx: &mut TensorViewMut, vals: &mut TensorViewMut, scratch_bytes: usize, path: ScoresPath) -> Result<()> {
     const OP: &str = "lightning_indexer";
     let Some((sh, kk)) = selection_shape(OP, a, k)? else { return Ok(()) };
     let (b, s, p) = (sh.b as usize, sh.s as usize, sh.p as usize);

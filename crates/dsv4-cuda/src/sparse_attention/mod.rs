@@ -36,16 +36,24 @@ use dsv4_core::ops::sparse_indices::SparseIndexPlan;
 use dsv4_core::{DType, Error, Result, Tensor, TensorView, TensorViewMut};
 
 pub(crate) use backward::backward;
+// For tests/gpu_sparse_attention.rs: which backward kernel runs, and its head blocks.
+#[doc(hidden)]
 pub use backward::{bwd_head_blocks, use_hopper_bwd};
 pub(crate) use config::compile_variants;
 pub use config::{SaBwdConfig, SaDetConfig, SaFwdConfig};
+// For tests/gpu_sparse_attention.rs: the size of the deterministic backward's contributions.
+#[doc(hidden)]
 pub use deterministic::ContribFormat;
 use forward::{sa90_q_map_shape, SA90_Q_BOX};
+// For tests/gpu_sparse_attention.rs: which forward kernel runs.
+#[doc(hidden)]
 pub use forward::use_hopper_fwd;
 pub(crate) use forward::{dense, forward};
 pub(crate) use params::*;
 pub(crate) use plan::plan;
 use plan::plan_impl;
+// For tests/gpu_sparse_attention.rs: the tiles the launchers choose, and the padded head dim.
+#[doc(hidden)]
 pub use tiles::{choose_tiles, kernel_d, Pass, Tiles};
 pub(crate) use tiles::{bwd_smem_bytes, fwd_smem_bytes};
 
