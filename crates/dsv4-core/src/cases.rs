@@ -1,8 +1,8 @@
 //! The shared case sets: for every operation, seeded inputs at named shapes, judged
 //! (SPEC.md section 8) against an f64 evaluation of the reference maths. One case body
 //! runs on every backend: the reference tests (`tests/cases.rs`), the CUDA tests
-//! (`dsv4-cuda/tests/gpu_cases.rs`), `dsv4 check` (the [`Preset`] sets) and `dsv4 bench`
-//! (the same inputs at the bench's shapes) all take their problems from here.
+//! (`dsv4-cuda/tests/gpu_cases.rs`) and `dsv4 check` (the [`Preset`] sets) take their
+//! problems from here; `dsv4 bench` still builds its own inputs at the bench's shapes.
 //!
 //! Each op keeps its cases beside its maths (`ops/<op>/cases.rs`): a `Case` (shape and
 //! input pattern), `Case::inputs` (host tensors, bf16-representable where a kernel reads
