@@ -178,7 +178,7 @@ def main():
             tail = [l for l in lines if "Error" in l or "error" in l][-3:] or lines[-3:]
             print(f"{case}: FAILED rc={r.returncode}: {' | '.join(tail)}")
         else:
-            print("\n".join(lines[-2:]))
+            print("\n".join(l for l in lines if l.startswith(case + ":") or l.startswith("  ")))
     print(f"issue41_hunt: {failed} of {len(CASES)} cases failed")
 
 

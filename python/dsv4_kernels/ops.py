@@ -313,6 +313,7 @@ def plan_sparse_indices(topk_idxs, kv_len, backend="auto", all_rows_nonempty=Fal
         name = "cuda" if is_cuda(topk_idxs) and _native.is_kernel_available("sparse_attn") else "reference"
         if is_cuda(topk_idxs) and name == "reference":
             topk_idxs = topk_idxs.cpu()
-    if name == "cuda" and is_cuda(topk_idxs):
-        _set_stream([topk_idxs])
-    return _native.plan_sparse_indices(backend=name, topk_idxs=describe(topk_idxs, "plan_sparse_indices", "topk_idxs"), kv_len=int(kv_len), all_rows_nonempty=bool(all_rows_nonempty))
+    desc = describe(topk_idxs, "plan_sparse_indices", "topk_idxs")
+    if name == "cuda":
+        _set_stream([desc])
+    return _native.plan_sparse_indices(backend=name, topk_idxs=desc, kv_len=int(kv_len), all_rows_nonempty=bool(all_rows_nonempty))
