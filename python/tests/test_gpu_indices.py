@@ -150,6 +150,27 @@ def test_empty_rows_have_zero_gradients_whatever_their_dout(kernels, impl, plann
     assert torch.count_nonzero(got[1][0, empty]) == 0, "an empty row's dq is not 0"
 
 
+@pytest.mark.parametrize("kernels", ["hopper", "portable"], indirect=True)
+@pytest.mark.parametrize("impl", ["atomic", "deterministic"])
+def test_heads_without_a_sink(kernels, impl):
+    """A sink of -inf is a head without a sink (Z = sum of exp(l)). On the reproducer's
+    indices (rows whose first blocks are all masked, rows with no valid slot at all) the
+    forward gave NaN where a masked block came before the first valid one (exp(-inf - -inf)),
+    and 0 / 0 for an empty row. Judged against the same maths with the sink at -1e30, whose
+    exp is 0 in f32: an empty row then has out 0 and zero gradients, as SPEC.md says."""
+    path = repro_path()
+    if not path.exists():
+        pytest.skip(f"no reproducer at {path}")
+    idx = torch.from_numpy(np.load(io.BytesIO(lzma.open(path).read()))).to(DEV)
+    q, kv, sinks, dout = inputs(4096, 5120, seed=44)
+    sinks[:8] = float("-inf")
+    scale = D ** -0.5
+    got = run_ours(q, kv, sinks, idx, scale, dout, impl)
+    want = reference(q, kv, sinks.clamp(min=-1e30), idx, scale, dout)
+    check(got, want)
+    assert torch.count_nonzero(got[0][0, [2102, 2174]]) == 0, "an empty row's out is not 0"
+
+
 def nemo_like_indices(s, seed):
     """Window + indexer top-k over the pooled keys as DeepseekV4Attention builds them
     (``dsv4_kernels.bench.selection``), then damaged the ways a real selection can be:

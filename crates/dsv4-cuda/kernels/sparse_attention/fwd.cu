@@ -149,9 +149,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
     // warp of the head group computes the same values from the same inputs. The running
     // sums live in shared memory, updated by the warp wd == 0 of the group.
     const int r0 = wm * 16 + g, r1 = r0 + 8;
-    float m0 = (h0 + r0 < p.H ? p.sinks[(h0 + r0) * p.sinks_sh] : 0.0f) * kLogScale;  // the sink joins the max
-    float m1 = (h0 + r1 < p.H ? p.sinks[(h0 + r1) * p.sinks_sh] : 0.0f) * kLogScale;
-    for (int r = tid; r < kHB; r += kThreads) l_s[r] = 1.0f;  // exp(sink - sink); ordered by the first barrier below
+    // The sink joins the max; a sink of -inf (a head without one) starts it at the finite
+    // -FLT_MAX instead, so that masked slots (-inf) before the first valid one give
+    // exp(-inf - m) = 0, not NaN, and l starts at exp(sink - m) = 0.
+    const float sk0 = (h0 + r0 < p.H ? p.sinks[(h0 + r0) * p.sinks_sh] : 0.0f) * kLogScale;
+    const float sk1 = (h0 + r1 < p.H ? p.sinks[(h0 + r1) * p.sinks_sh] : 0.0f) * kLogScale;
+    float m0 = sk0 == neg_inf() ? -3.402823466e38f : sk0, m1 = sk1 == neg_inf() ? -3.402823466e38f : sk1;
+    for (int r = tid; r < kHB; r += kThreads) l_s[r] = (h0 + r < p.H && p.sinks[(h0 + r) * p.sinks_sh] == neg_inf()) ? 0.0f : 1.0f;  // exp(sink - m); ordered by the first barrier below
 
     float o[kDW / 8][4];  // O[heads wm*16 + (g, g+8)][columns wd*DW + n*8 + 2c4 + (0, 1)]
 #pragma unroll
@@ -300,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) sparse_attn_fwd(const 
         const int h = h0 + r;
         if (h < p.H) {
             const float l = l_s[r];
-            const float inv = 1.0f / l;
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // Z = 0: an empty row whose sink is -inf
             bf16* orow = p.out + (row * p.H + h) * kD + wd * kDW + 2 * c4;
 #pragma unroll
             for (int n = 0; n < kDW / 8; ++n) *reinterpret_cast<u32*>(orow + n * 8) = pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);

@@ -151,12 +151,16 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     const int g = lane / 4, c4 = lane % 4;
     const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's rows (heads h0 + r)
     const float s_scale = p.sm_scale * kLog2e;
-    // The running max this consumer's O and partial sums are scaled to.
-    float m0 = (h0 + r0 < p.H ? p.sinks[(h0 + r0) * p.sinks_sh] : 0.0f) * kLog2e;
-    float m1 = (h0 + r1 < p.H ? p.sinks[(h0 + r1) * p.sinks_sh] : 0.0f) * kLog2e;
+    // The running max this consumer's O and partial sums are scaled to: the sink, or for a
+    // sink of -inf (a head without one) the finite -FLT_MAX, so that a block of masked
+    // slots (-inf) before the first valid one gives exp2(-inf - m) = 0, not NaN.
+    const float sk0 = (h0 + r0 < p.H ? p.sinks[(h0 + r0) * p.sinks_sh] : 0.0f) * kLog2e;
+    const float sk1 = (h0 + r1 < p.H ? p.sinks[(h0 + r1) * p.sinks_sh] : 0.0f) * kLog2e;
+    float m0 = sk0 == neg_inf() ? -3.402823466e38f : sk0, m1 = sk1 == neg_inf() ? -3.402823466e38f : sk1;
     // Partial row sums of this thread's columns of this consumer's blocks; the sink's
-    // exp2(0) = 1 once per row.
-    float l0 = (cw == 0 && c4 == 0) ? 1.0f : 0.0f, l1 = l0;
+    // exp2(sink - m) = 1 (0 for a sink of -inf) once per row.
+    const bool sink_lane = cw == 0 && c4 == 0;
+    float l0 = sink_lane && sk0 != neg_inf() ? 1.0f : 0.0f, l1 = sink_lane && sk1 != neg_inf() ? 1.0f : 0.0f;
 
     float o[128];  // O[r0 / r1][256 cw + 8 j + 2 c4 + (0, 1)], layout of wgmma.cuh
 #pragma unroll
@@ -396,7 +400,8 @@ __device__ __forceinline__ void consume(const SparseAttnFwdParams& p, const Cons
     named_arrive(kBarSums + cw, 256);
     named_sync(kBarSums + 1 - cw, 256);
     const float lt0 = sum_s[r0] + sum_s[kHB + r0], lt1 = sum_s[r1] + sum_s[kHB + r1];
-    const float inv0 = 1.0f / lt0, inv1 = 1.0f / lt1;
+    // (Z = 0, an empty row whose sink is -inf: out = 0, lse = -inf.)
+    const float inv0 = lt0 > 0.0f ? 1.0f / lt0 : 0.0f, inv1 = lt1 > 0.0f ? 1.0f / lt1 : 0.0f;
     // Both consumers have read the sums before either writes the next row's (an arrive / sync
     // pair each way: a bar.sync of both from their different code is what synccheck calls
     // divergent).
