@@ -154,6 +154,33 @@ fn all_slots_masked_bf16() {
     assert_eq!(r.lse, vec![30.0, -30.0, 30.0, -30.0]);
 }
 
+/// A sink of -inf is a head without a sink: Z = sum of exp(l). An empty row then has Z = 0:
+/// out 0, lse -inf, zero gradients (not 0 / 0); other rows and heads are as usual.
+#[test]
+fn sink_of_minus_infinity() {
+    let (b, s, h, d, k) = (1, 3, 2, 4, 3);
+    let mut rng = Rng(5);
+    let q = Tensor::from_f32(&[b, s, h, d], rng.vec(b * s * h * d, -1.0, 1.0)).unwrap();
+    let kv = Tensor::from_f32(&[b, k, d], rng.vec(b * k * d, -1.0, 1.0)).unwrap();
+    let sinks = Tensor::from_f32(&[h], vec![f32::NEG_INFINITY, 0.5]).unwrap();
+    let dout = Tensor::from_f32(&[b, s, h, d], rng.vec(b * s * h * d, -1.0, 1.0)).unwrap();
+    // Row 0: keys 0, 1; row 1: empty; row 2: masked slots before key 2.
+    let idx = idx_i32(&[b, s, 3], &[0, 1, -1, -1, -1, -1, -1, -1, 2]);
+    let r = run_attention(&q, &kv, &sinks, &idx, &dout, None);
+    for (n, v) in [("out", &r.out), ("dq", &r.dq), ("dkv", &r.dkv), ("dsinks", &r.dsinks)] {
+        assert!(v.iter().all(|x| x.is_finite()), "{n}: {v:?}");
+    }
+    assert!(r.out[h * d..2 * h * d].iter().chain(&r.dq[h * d..2 * h * d]).all(|&v| v == 0.0), "the empty row");
+    assert_eq!(r.lse[h], f32::NEG_INFINITY, "the empty row's lse for the head without a sink");
+    assert_eq!(r.lse[h + 1], 0.5);
+    assert_eq!(r.dsinks[0], 0.0, "a sink of -inf gets no gradient");
+    // Row 2, head 0: the one key's softmax is 1, so out = kv[2].
+    let kv2 = &f32s(&kv)[2 * d..3 * d];
+    for (o, v) in r.out[2 * h * d..2 * h * d + d].iter().zip(kv2) {
+        assert!((o - v).abs() < 1e-6, "{o} vs {v}");
+    }
+}
+
 #[test]
 fn out_of_range_and_negative_indices_are_masked_slots() {
     let (b, s, h, d, k) = (2, 2, 2, 4, 5);

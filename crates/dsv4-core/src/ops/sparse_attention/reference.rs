@@ -54,6 +54,11 @@ fn row_forward<R: Real>(dm: Dims, q: &[R], kv: &[R], sinks: &[R], keys: &[usize]
     for hh in 0..h {
         let row = &mut logits[hh * t..(hh + 1) * t];
         let m = row.iter().fold(sinks[hh], |m, &l| m.max(l));
+        if m.f64() == f64::NEG_INFINITY {
+            // No term at all (an empty row whose sink is -inf): Z = 0, lse = -inf, out = 0.
+            lse[hh] = m;
+            continue;
+        }
         let mut z = (sinks[hh] - m).exp();
         for l in row.iter_mut() {
             *l = (*l - m).exp();
