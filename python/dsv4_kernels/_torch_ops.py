@@ -22,8 +22,14 @@ def _workspace(nbytes: int, device: int):
     a uint8 tensor from torch's caching allocator on the current stream (the stream the
     kernels run on), so no call allocates or frees through the driver, torch's memory
     statistics count it, and a CUDA graph capture takes it from the graph's pool."""
-    t = torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device("cuda", int(device)))
+    dev = _devices.get(device)
+    if dev is None:
+        dev = _devices[device] = torch.device("cuda", int(device))
+    t = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
     return t.data_ptr(), t
+
+
+_devices: dict = {}
 
 
 _native.set_workspace_allocator(_workspace)
