@@ -29,8 +29,11 @@ def is_torch(x) -> bool:
     return _Tensor is not None and isinstance(x, _Tensor)
 
 
+ARRAY_TYPES = (np.ndarray,) if torch is None else (torch.Tensor, np.ndarray)
+
+
 def is_array(x) -> bool:
-    return isinstance(x, np.ndarray) or is_torch(x)
+    return isinstance(x, ARRAY_TYPES)
 
 
 def device_index(x) -> int:

@@ -337,7 +337,10 @@ def _plain(args) -> bool:
     dispatch mode (make_fx, fake or functional tensors) active, every tensor a plain one."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
-    return all(type(a) is Tensor for a in args if isinstance(a, Tensor))
+    for a in args:
+        if isinstance(a, Tensor) and type(a) is not Tensor:
+            return False
+    return True
 
 
 def _eager_function(name, impl, setup, backward):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 
 from . import _native
-from ._tensors import check_no_overlap, describe, empty, empty_token_major, is_array, is_cuda, is_torch, torch
+from ._tensors import ARRAY_TYPES, check_no_overlap, describe, empty, empty_token_major, is_array, is_cuda, is_torch, torch
 
 BackendUnavailableError = _native.BackendUnavailableError
 
@@ -55,10 +55,10 @@ def _describe_all(op, arrays):
     pass as they are) and whether any of them is CUDA memory: one pass per call."""
     descs, on_cuda = {}, False
     for k, v in arrays.items():
-        if v is not None and is_array(v):
-            d = describe(v, op, k)
-            on_cuda = on_cuda or d[4] >= 0
-            descs[k] = d
+        if isinstance(v, ARRAY_TYPES):
+            d = descs[k] = describe(v, op, k)
+            if d[4] >= 0:
+                on_cuda = True
         else:
             descs[k] = v
     return descs, on_cuda
