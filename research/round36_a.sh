@@ -19,5 +19,5 @@ timeout 90 $san --tool initcheck --print-limit 10 python3 research/issue41_hunt.
 echo "initcheck repro rc=$?: $(grep -E 'ERROR SUMMARY|: ok' "$out/initcheck_repro.txt" | cut -c1-200 | tr '\n' ' ')"
 grep -m3 -A6 "Uninitialized\|Invalid" "$out/initcheck_repro.txt" "$out/memcheck_repro.txt" | head -24
 echo "repro sanitizers done ($((SECONDS - t0)) s)"
-timeout $((570 - (SECONDS - t0))) bash scripts/gpu-test.sh > /dev/null 2>&1; echo "gpu-test rc=$? ($((SECONDS - t0)) s)"
+timeout $((540 - (SECONDS - t0))) bash scripts/gpu-test.sh > /dev/null 2>&1; echo "gpu-test rc=$? ($((SECONDS - t0)) s)"
 grep -E "^=== .*(ok|FAILED)|^test result|ERROR SUMMARY|checks:|gpu-test:|panicked" "$out/gpu-test.log" | head -60
