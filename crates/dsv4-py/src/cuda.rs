@@ -70,19 +70,27 @@ pub fn set_workspace_allocator(allocator: Option<Py<PyAny>>) -> bool {
     }
 }
 
-/// Run `f` with the GIL released and, where one is set, the caller's allocator serving
-/// the CUDA backend's memory on this thread.
-pub fn compute<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
+/// Run `f` for backend `be`. CUDA (and `auto`) calls keep the GIL and, where one is set, take their
+/// device memory from the caller's allocator on this thread: their host work is tens of
+/// microseconds of queueing, and each workspace callback would otherwise take the GIL back
+/// (behind any Python thread that got it meanwhile, up to the interpreter's switch
+/// interval). The reference computes on the host with the GIL released (`dsv4_kernels`
+/// resolves `auto` before the call: host tensors reach this as `reference`).
+pub fn compute<T: Send>(py: Python<'_>, be: dsv4_core::BackendName, f: impl FnOnce() -> T + Send) -> T {
     #[cfg(feature = "cuda")]
     {
-        let a = alloc::CURRENT.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match a {
-            Some(a) => py.allow_threads(|| dsv4_cuda::runtime::with_workspace_allocator(a, f)),
-            None => py.allow_threads(f),
+        if be != dsv4_core::BackendName::Reference {
+            let a = alloc::CURRENT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return match a {
+                Some(a) => dsv4_cuda::runtime::with_workspace_allocator(a, f),
+                None => f(),
+            };
         }
+        py.allow_threads(f)
     }
     #[cfg(not(feature = "cuda"))]
     {
+        let _ = be;
         py.allow_threads(f)
     }
 }

@@ -1,5 +1,6 @@
 //! One Python function per core operation: descriptors in, outputs written into the
-//! caller's preallocated memory, the GIL released around the compute.
+//! caller's preallocated memory (the GIL released around a reference compute; see
+//! `cuda::compute`).
 //!
 //! Every function builds its views from descriptors with `Desc::view`/`view_mut`.
 //! SAFETY (for every `unsafe` block below that does so): `dsv4_kernels` (the only
@@ -48,7 +49,7 @@ pub fn sparse_attention_fwd(py: Python<'_>, backend: &str, q: Desc, kv: Desc, si
     // SAFETY: see the module documentation.
     let (qv, kvv, sv, iv, mut ov, mut lv) = unsafe { (q.view(OP, "q")?, kv.view(OP, "kv")?, sinks.view(OP, "sinks")?, topk_idxs.as_ref().map(|d| d.view(OP, "topk_idxs")).transpose()?, out.view_mut(OP, "out")?, lse.view_mut(OP, "lse")?) };
     let args = attention_args(OP, qv, kvv, sv, iv, plan, sm_scale, reference_rounding, all_rows_nonempty)?;
-    crate::cuda::compute(py, || sa::sparse_attention_into(be, &args, &mut ov, &mut lv)).py_err()
+    crate::cuda::compute(py, be, || sa::sparse_attention_into(be, &args, &mut ov, &mut lv)).py_err()
 }
 
 /// Sparse attention backward into `dq` (q's dtype), `dkv` (kv's dtype), `dsinks [H]` f32.
@@ -87,7 +88,7 @@ pub fn sparse_attention_bwd(
     let (mut dqv, mut dkvv, mut dsv) = unsafe { (dq.view_mut(OP, "dq")?, dkv.view_mut(OP, "dkv")?, dsinks.view_mut(OP, "dsinks")?) };
     let fwd = attention_args(OP, qv, kvv, sv, iv, plan, sm_scale, reference_rounding, all_rows_nonempty)?;
     let args = SparseAttentionBwdArgs { fwd, out: ov, lse: lv, dout: dov, backward_impl: imp, backward_workspace_bytes };
-    crate::cuda::compute(py, || sa::sparse_attention_backward_into(be, &args, &mut dqv, &mut dkvv, &mut dsv)).py_err()
+    crate::cuda::compute(py, be, || sa::sparse_attention_backward_into(be, &args, &mut dqv, &mut dkvv, &mut dsv)).py_err()
 }
 
 /// The dense oracle into `out [B,S,H,D]` (q's dtype).
@@ -100,7 +101,7 @@ pub fn dense_attention_topk(py: Python<'_>, backend: &str, q: Desc, kv: Desc, si
     // SAFETY: see the module documentation.
     let (qv, kvv, sv, iv, mut ov) = unsafe { (q.view(OP, "q")?, kv.view(OP, "kv")?, sinks.view(OP, "sinks")?, topk_idxs.view(OP, "topk_idxs")?, out.view_mut(OP, "out")?) };
     let args = attention_args(OP, qv, kvv, sv, Some(iv), None, sm_scale, false, false)?;
-    crate::cuda::compute(py, || sa::dense_attention_topk_into(be, &args, &mut ov)).py_err()
+    crate::cuda::compute(py, be, || sa::dense_attention_topk_into(be, &args, &mut ov)).py_err()
 }
 
 /// A sparse index plan for `backend` (its tensors owned by the plan).
@@ -111,7 +112,7 @@ pub fn plan_sparse_indices(py: Python<'_>, backend: &str, topk_idxs: Desc, kv_le
     let be = backend_name(backend)?;
     // SAFETY: see the module documentation.
     let iv = unsafe { topk_idxs.view(OP, "topk_idxs")? };
-    let inner = crate::cuda::compute(py, || si::plan_sparse_indices(be, &iv, kv_len, all_rows_nonempty)).py_err()?;
+    let inner = crate::cuda::compute(py, be, || si::plan_sparse_indices(be, &iv, kv_len, all_rows_nonempty)).py_err()?;
     Ok(Plan { inner })
 }
 
@@ -130,7 +131,7 @@ pub fn indexer_scores(py: Python<'_>, backend: &str, q: Desc, pooled_kv: Desc, w
     // SAFETY: see the module documentation.
     let (qv, kvv, wv, mut ov) = unsafe { (q.view(OP, "q")?, pooled_kv.view(OP, "pooled_kv")?, weights.view(OP, "weights")?, out.view_mut(OP, "out")?) };
     let a = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
-    crate::cuda::compute(py, || indexer::indexer_scores_into(be, &a, &mut ov)).py_err()
+    crate::cuda::compute(py, be, || indexer::indexer_scores_into(be, &a, &mut ov)).py_err()
 }
 
 /// Top-k of `[B,S,P]` f32 scores into `indices [B,S,min(k,P)]` i32 and `values` f32.
@@ -141,7 +142,7 @@ pub fn indexer_topk(py: Python<'_>, backend: &str, scores: Desc, k: usize, indic
     let be = backend_name(backend)?;
     // SAFETY: see the module documentation.
     let (sv, mut iv, mut vv) = unsafe { (scores.view(OP, "scores")?, indices.view_mut(OP, "indices")?, values.view_mut(OP, "values")?) };
-    crate::cuda::compute(py, || indexer::indexer_topk_into(be, &sv, k, &mut iv, &mut vv))
+    crate::cuda::compute(py, be, || indexer::indexer_topk_into(be, &sv, k, &mut iv, &mut vv))
     .py_err()
 }
 
@@ -157,7 +158,7 @@ pub fn lightning_indexer(py: Python<'_>, backend: &str, q: Desc, pooled_kv: Desc
     // SAFETY: see the module documentation.
     let (mut iv, mut vv) = unsafe { (indices.view_mut(OP, "indices")?, values.view_mut(OP, "values")?) };
     let a = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
-    crate::cuda::compute(py, || indexer::lightning_indexer_into(be, &a, k, &mut iv, &mut vv))
+    crate::cuda::compute(py, be, || indexer::lightning_indexer_into(be, &a, k, &mut iv, &mut vv))
     .py_err()
 }
 
@@ -171,7 +172,7 @@ pub fn indexer_topk_scores(py: Python<'_>, backend: &str, q: Desc, pooled_kv: De
     // SAFETY: see the module documentation.
     let (qv, kvv, wv, tv, mut ov) = unsafe { (q.view(OP, "q")?, pooled_kv.view(OP, "pooled_kv")?, weights.view(OP, "weights")?, topk_indices.view(OP, "topk_indices")?, out.view_mut(OP, "out")?) };
     let a = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
-    crate::cuda::compute(py, || indexer::indexer_topk_scores_into(be, &a, &tv, &mut ov))
+    crate::cuda::compute(py, be, || indexer::indexer_topk_scores_into(be, &a, &tv, &mut ov))
     .py_err()
 }
 
@@ -205,7 +206,7 @@ pub fn indexer_topk_scores_bwd(
     let (mut dqv, mut dwv, mut dkv) = unsafe { (dq.view_mut(OP, "dq")?, dweights.view_mut(OP, "dweights")?, dpooled_kv.view_mut(OP, "dpooled_kv")?) };
     let fwd = indexer_args(qv, kvv, wv, softmax_scale, compress_ratio, query_start, query_total_len);
     let args = IndexerTopkScoresBwdArgs { fwd, topk_indices: tv, grad: gv, deterministic };
-    crate::cuda::compute(py, || indexer::indexer_topk_scores_backward_into(be, &args, &mut dqv, &mut dwv, &mut dkv))
+    crate::cuda::compute(py, be, || indexer::indexer_topk_scores_backward_into(be, &args, &mut dqv, &mut dwv, &mut dkv))
     .py_err()
 }
 
@@ -218,7 +219,7 @@ pub fn sinkhorn_fwd(py: Python<'_>, backend: &str, x: Desc, repeat: usize, eps: 
     // SAFETY: see the module documentation.
     let (xv, mut ov) = unsafe { (x.view(OP, "x")?, out.view_mut(OP, "out")?) };
     let a = SinkhornArgs { x: xv, repeat, eps };
-    crate::cuda::compute(py, || sinkhorn::sinkhorn_normalize_into(be, &a, &mut ov)).py_err()
+    crate::cuda::compute(py, be, || sinkhorn::sinkhorn_normalize_into(be, &a, &mut ov)).py_err()
 }
 
 /// Sinkhorn backward into `dx` (x's shape, f32); `dout` may have any strides.
@@ -230,7 +231,7 @@ pub fn sinkhorn_bwd(py: Python<'_>, backend: &str, x: Desc, repeat: usize, eps: 
     // SAFETY: see the module documentation.
     let (xv, gv, mut dv) = unsafe { (x.view(OP, "x")?, dout.view(OP, "dout")?, dx.view_mut(OP, "dx")?) };
     let a = SinkhornArgs { x: xv, repeat, eps };
-    crate::cuda::compute(py, || sinkhorn::sinkhorn_normalize_backward_into(be, &a, &gv, &mut dv)).py_err()
+    crate::cuda::compute(py, be, || sinkhorn::sinkhorn_normalize_backward_into(be, &a, &gv, &mut dv)).py_err()
 }
 
 /// qnorm_rope forward into `out` (logical `[B,H,S,C]`, token-major storage) and `rstd [B*S*H]`.
@@ -243,7 +244,7 @@ pub fn qnorm_rope_fwd(py: Python<'_>, backend: &str, x: Desc, cos: Desc, sin: De
     // SAFETY: see the module documentation.
     let (xv, cv, sv, mut ov, mut rv) = unsafe { (x.view(OP, "x")?, cos.view(OP, "cos")?, sin.view(OP, "sin")?, out.view_mut(OP, "out")?, rstd.view_mut(OP, "rstd")?) };
     let a = QNormRopeArgs { x: xv, cos: cv, sin: sv, rotary, eps };
-    crate::cuda::compute(py, || qnorm_rope::qnorm_rope_into(be, &a, &mut ov, &mut rv)).py_err()
+    crate::cuda::compute(py, be, || qnorm_rope::qnorm_rope_into(be, &a, &mut ov, &mut rv)).py_err()
 }
 
 /// qnorm_rope backward into `dx` (logical `[B,H,S,C]`, token-major); `grad` any strides.
@@ -256,7 +257,7 @@ pub fn qnorm_rope_bwd(py: Python<'_>, backend: &str, x: Desc, cos: Desc, sin: De
     // SAFETY: see the module documentation.
     let (xv, cv, sv, rv, gv, mut dv) = unsafe { (x.view(OP, "x")?, cos.view(OP, "cos")?, sin.view(OP, "sin")?, rstd.view(OP, "rstd")?, grad.view(OP, "grad")?, dx.view_mut(OP, "dx")?) };
     let a = QNormRopeArgs { x: xv, cos: cv, sin: sv, rotary, eps };
-    crate::cuda::compute(py, || qnorm_rope::qnorm_rope_backward_into(be, &a, &rv, &gv, &mut dv)).py_err()
+    crate::cuda::compute(py, be, || qnorm_rope::qnorm_rope_backward_into(be, &a, &rv, &gv, &mut dv)).py_err()
 }
 
 /// The width `W'` of `build_sparse_topk_indices`'s result for these arguments.
@@ -321,7 +322,7 @@ pub fn build_sparse_topk_indices(
     a.max_image_tokens = max_image_tokens;
     // SAFETY: see the module documentation.
     let mut ov = unsafe { out.view_mut(OP, "out")? };
-    crate::cuda::compute(py, || si::build_sparse_topk_indices_into(be, &a, &mut ov)).py_err()
+    crate::cuda::compute(py, be, || si::build_sparse_topk_indices_into(be, &a, &mut ov)).py_err()
 }
 
 /// Whether this project's GPU kernels for `family` can run in this process.
