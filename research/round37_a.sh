@@ -15,7 +15,7 @@ san=/usr/local/cuda/bin/compute-sanitizer
 timeout 120 $san --tool racecheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_cases --include-ignored --test-threads=1 small_sparse_attention_cases > "$out/racecheck_new.txt" 2>&1
 echo "racecheck rc=$? ($((SECONDS - t0)) s)"; grep -E "Race reported|RACECHECK SUMMARY|test result" "$out/racecheck_new.txt" | head -12
 for r in 1 2; do
-  for v in lab main; do
+  for v in lab candidate; do
     bin=.dev/gpu/dsv4; [ $v = lab ] && bin=.dev/gpu-old/dsv4-lab
     [ $((SECONDS - t0)) -gt 470 ] && break 2
     timeout $((580 - (SECONDS - t0))) $bin bench all --no-sweep --iters 20 --cooldown-ms 200 > "$out/bench_${v}_$r.txt" 2>&1
