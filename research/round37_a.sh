@@ -12,8 +12,10 @@ export DSV4_SHARED_DIR=$PWD/.dev/gpu DSV4_CACHE_DIR=/tmp/dsv4-cache
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 t0=$SECONDS
 san=/usr/local/cuda/bin/compute-sanitizer
-timeout 120 $san --tool racecheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_cases --include-ignored --test-threads=1 small_sparse_attention_cases > "$out/racecheck_new.txt" 2>&1
+timeout 200 $san --tool racecheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_cases --include-ignored --test-threads=1 small_sparse_attention_cases > "$out/racecheck_new.txt" 2>&1
 echo "racecheck rc=$? ($((SECONDS - t0)) s)"; grep -E "Race reported|RACECHECK SUMMARY|test result" "$out/racecheck_new.txt" | head -12
+timeout 120 $san --tool synccheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_sparse_attention --include-ignored --test-threads=1 small_hopper_ > "$out/synccheck_new.txt" 2>&1
+echo "synccheck hopper rc=$? ($((SECONDS - t0)) s)"; grep -E "SYNCCHECK SUMMARY|ERROR SUMMARY|test result" "$out/synccheck_new.txt" | head -4
 for r in 1 2; do
   for v in lab candidate; do
     bin=.dev/gpu/dsv4; [ $v = lab ] && bin=.dev/gpu-old/dsv4-lab
