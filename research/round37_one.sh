@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# v37's GPU call when one call must hold it all (issues 41 and 37), on the race-parity build
-# staged in .dev/gpu (git checkout race-parity && bash scripts/gpu-build.sh) and the lab-v32
-# CLI in .dev/gpu-old/dsv4-lab: racecheck + synccheck over the shared attention cases, one
+# v37's GPU call when one call must hold it all (issues 41 and 37), on the candidate build
+# staged in .dev/gpu (git am research/patches/v37-*.patch && bash scripts/gpu-build.sh) and the
+# lab-v32 CLI in .dev/gpu-old/dsv4-lab: racecheck + synccheck over the shared attention cases, one
 # round of `dsv4 bench all --no-sweep` of lab-v32 and of the candidate, then
 # scripts/gpu-test.sh (every test executable, the sanitizers, `dsv4 check`) with the time
-# left, and a second bench round if time remains.
+# left (it runs racecheck again: the first one gives the verdict even if it runs out of time),
+# and a second bench round if time remains.
 #   run: bash research/round37_one.sh   carry: .dev/gpu .dev/gpu-old
 set -uo pipefail
 out=${OUT:-.dev/out}; mkdir -p "$out"
