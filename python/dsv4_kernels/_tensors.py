@@ -22,6 +22,7 @@ _NUMPY_OF = {"f32": np.float32, "i32": np.int32, "i64": np.int64}
 _TORCH_DTYPES = {} if torch is None else {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32", torch.int64: "i64"}
 
 
+_TORCH_OF = {} if torch is None else {v: k for k, v in _TORCH_DTYPES.items()}
 _Tensor = None if torch is None else torch.Tensor
 
 
@@ -109,8 +110,8 @@ def empty(like, shape, dtype: str):
     """Uninitialised contiguous memory of ``dtype`` beside ``like`` (torch's allocator for
     torch tensors, numpy for numpy arrays). ``dtype`` is a kernel dtype name or "like"."""
     if is_torch(like):
-        td = like.dtype if dtype == "like" else {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}[dtype]
-        return torch.empty(tuple(shape), dtype=td, device=like.device)
+        # new_empty: like's device and options without building a torch.device (1 µs less).
+        return like.new_empty(tuple(shape)) if dtype == "like" else like.new_empty(tuple(shape), dtype=_TORCH_OF[dtype])
     nd = like.dtype if dtype == "like" else _NUMPY_OF[dtype]
     return np.empty(tuple(shape), dtype=nd)
 
