@@ -20,6 +20,7 @@ use dsv4_core::ops::sparse_indices::{self as si, BuildIndicesArgs};
 use dsv4_core::{DType, Device, Error, Result, Tensor};
 use dsv4_cuda::runtime::{gpu, Gpu};
 
+use crate::args::Args;
 use crate::data::{rope_tables, Rng, Staged};
 
 const GEMM_TFLOPS: f64 = 752.0;
@@ -391,42 +392,60 @@ fn print(entries: &[Entry], json: bool) {
 
 /// The table sizes `all`, or only the one `flag N` names (`--s N`: a sequence length of the
 /// attention and indexer tables; `--m N`: a Sinkhorn matrix count).
-fn sizes(args: &[String], flag: &str, all: &[usize]) -> Vec<usize> {
-    let only: Option<usize> = crate::opt(args, flag).and_then(|v| v.parse().ok());
-    all.iter().copied().filter(|n| only.is_none_or(|o| o == *n)).collect()
+/// `dsv4 bench`'s switches and valued flags (see the usage in main.rs).
+pub const SWITCHES: &[&str] = &["--json", "--fwd-only", "--bwd-only", "--atomic-only", "--topk-scores-only", "--no-sweep", "--plan-first"];
+pub const VALUED: &[&str] = &["--iters", "--workspace-mib", "--s", "--m", "--config", "--cooldown-ms"];
+
+/// The sizes of `all` to run: all of them, or the one `flag` names (an error if it is not one).
+fn sizes(args: &Args, flag: &str, all: &[usize]) -> Result<Vec<usize>> {
+    match args.value::<usize>(flag, "a size")? {
+        None => Ok(all.to_vec()),
+        Some(n) if all.contains(&n) => Ok(vec![n]),
+        Some(n) => Err(Error::Data(format!("`{flag} {n}`: the table has {}", all.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")))),
+    }
 }
 
-pub fn main(args: &[String]) -> Result<bool> {
-    let what = args.first().map(String::as_str).unwrap_or("all");
-    let json = args.iter().any(|a| a == "--json");
-    let iters = crate::opt(args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
-    let fwd_only = args.iter().any(|a| a == "--fwd-only");
+pub fn main(args: &Args) -> Result<bool> {
+    let what = match args.positional() {
+        [] => "all",
+        [w] => w.as_str(),
+        [_, extra, ..] => return Err(Error::Data(format!("dsv4 bench: unexpected argument `{extra}` (one target: sparse-attention, indexer, sinkhorn, qnorm-rope, all)"))),
+    };
+    if !["all", "sparse-attention", "indexer", "sinkhorn", "qnorm-rope"].contains(&what) {
+        return Err(Error::Data(format!("unknown bench `{what}` (sparse-attention, indexer, sinkhorn, qnorm-rope, all)")));
+    }
+    let json = args.has("--json");
+    let iters = args.value::<usize>("--iters", "a positive count")?.unwrap_or(20);
+    if iters == 0 {
+        return Err(Error::Data("`--iters 0`: expected a positive count".into()));
+    }
+    let fwd_only = args.has("--fwd-only");
     // --bwd-only: the attention's backward rows alone (one untimed forward makes out, lse)
-    let bwd_only = args.iter().any(|a| a == "--bwd-only");
+    let bwd_only = args.has("--bwd-only");
     // --atomic-only: with --bwd-only, the atomic backward's row alone
-    let atomic_only = args.iter().any(|a| a == "--atomic-only");
-    let workspace = match crate::opt(args, "--workspace-mib") {
+    let atomic_only = args.has("--atomic-only");
+    let workspace = match args.raw("--workspace-mib") {
         Some(v) => Some(v.parse::<usize>().ok().filter(|m| *m > 0).map(|m| m << 20).ok_or_else(|| Error::Data(format!("--workspace-mib {v}: a positive number of MiB")))?),
         None => None,
     };
-    if let Some(pairs) = crate::opt(args, "--config") {
+    if let Some(pairs) = args.raw("--config") {
         // The lab build's kernel config overrides (`sa_bwd.c0_chunks=3,...`); an error in
         // the default build, whose kernels are the shipped ones.
         dsv4_cuda::tuning::set_overrides(&dsv4_cuda::tuning::parse_pairs(pairs))?;
     }
-    let plan_first = args.iter().any(|a| a == "--plan-first");
-    let cooldown_ms = crate::opt(args, "--cooldown-ms").and_then(|v| v.parse().ok()).unwrap_or(500);
+    let plan_first = args.has("--plan-first");
+    let cooldown_ms = args.value("--cooldown-ms", "milliseconds")?.unwrap_or(500);
+    let (attn_sizes, m_sizes) = (sizes(args, "--s", &[4096, 16384])?, sizes(args, "--m", &[65536, 1 << 20])?);
     let mut bn = Bench::new(iters, cooldown_ms)?;
     let mut rng = Rng(42);
     let attn = AttnOpts { fwd_only, bwd_only, atomic_only, plan_first, workspace };
     let all = what == "all";
-    let mut ran = false;
     if all || what == "sparse-attention" {
-        for s in sizes(args, "--s", &[4096, 16384]) {
+        for &s in &attn_sizes {
             bench_sparse_attention(&mut bn, &mut rng, s, 64, 512, &attn)?;
         }
         // `--no-sweep`: the two main shapes only (no other head counts and head dims).
-        if !args.iter().any(|a| a == "--no-sweep") {
+        if !args.has("--no-sweep") {
             for h in [16, 32, 128] {
                 bench_sparse_attention(&mut bn, &mut rng, 4096, h, 512, &attn)?;
             }
@@ -434,30 +453,23 @@ pub fn main(args: &[String]) -> Result<bool> {
                 bench_sparse_attention(&mut bn, &mut rng, 4096, 64, d, &attn)?;
             }
         }
-        ran = true;
     }
     if all || what == "indexer" {
-        let topk_scores_only = args.iter().any(|a| a == "--topk-scores-only");
-        for s in sizes(args, "--s", &[4096, 16384]) {
+        let topk_scores_only = args.has("--topk-scores-only");
+        for &s in &attn_sizes {
             bench_indexer(&mut bn, &mut rng, s, topk_scores_only)?;
         }
         if !topk_scores_only {
             bench_indexer_memory(&mut bn, &mut rng)?;
         }
-        ran = true;
     }
     if all || what == "sinkhorn" {
-        for m in sizes(args, "--m", &[65536, 1 << 20]) {
+        for &m in &m_sizes {
             bench_sinkhorn(&mut bn, &mut rng, m)?;
         }
-        ran = true;
     }
     if all || what == "qnorm-rope" {
         bench_qnorm_rope(&mut bn, &mut rng)?;
-        ran = true;
-    }
-    if !ran {
-        return Err(Error::Data(format!("unknown bench `{what}` (sparse-attention, indexer, sinkhorn, qnorm-rope, all)")));
     }
     print(&bn.entries, json);
     Ok(true)

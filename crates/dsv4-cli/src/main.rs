@@ -1,11 +1,13 @@
 //! `dsv4`: check, benchmark and describe the DeepSeek-V4 attention-layer kernels.
 
+mod args;
 mod bench;
 mod check;
 mod data;
 
 use std::process::ExitCode;
 
+use args::Args;
 use dsv4_core::backend::{self, BackendName};
 use dsv4_core::Device;
 
@@ -33,10 +35,28 @@ const USAGE: &str = "usage:
 fn main() -> ExitCode {
     dsv4_cuda::register();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or(&[]);
+    let parsed = match args.first().map(String::as_str) {
+        Some("check") => Args::parse("check", rest, &[], &["--backend", "--preset", "--seed"]),
+        Some("bench") => Args::parse("bench", rest, bench::SWITCHES, bench::VALUED),
+        Some("info") => Args::parse("info", rest, &[], &[]),
+        _ => Ok(Args::default()),
+    };
+    let parsed = match parsed {
+        Ok(p) if p.help => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match args.first().map(String::as_str) {
-        Some("check") => cmd_check(&args[1..]),
-        Some("bench") => bench::main(&args[1..]),
-        Some("info") => cmd_info(),
+        Some("check") => cmd_check(&parsed),
+        Some("bench") => bench::main(&parsed),
+        Some("info") if parsed.positional().is_empty() => cmd_info(),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             Ok(true)
@@ -56,16 +76,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--name value` from the argument list.
-pub(crate) fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
-}
-
-fn cmd_check(args: &[String]) -> dsv4_core::Result<bool> {
-    let name: BackendName = opt(args, "--backend").unwrap_or("auto").parse()?;
-    let preset_name = opt(args, "--preset").unwrap_or("small");
+fn cmd_check(args: &Args) -> dsv4_core::Result<bool> {
+    if let Some(w) = args.positional().first() {
+        return Err(dsv4_core::Error::Data(format!("dsv4 check: unexpected argument `{w}`")));
+    }
+    let name: BackendName = args.raw("--backend").unwrap_or("auto").parse()?;
+    let preset_name = args.raw("--preset").unwrap_or("small");
     let preset = dsv4_core::cases::preset(preset_name).ok_or_else(|| dsv4_core::Error::Data(format!("unknown preset `{preset_name}` (tiny, small, medium)")))?;
-    let seed = opt(args, "--seed").map(|s| s.parse().unwrap_or(0)).unwrap_or(0x5eed);
+    let seed = args.value("--seed", "an unsigned integer")?.unwrap_or(0x5eed);
     // `auto` and `cuda` run on the GPU when there is one; otherwise on the CPU.
     let device = match name {
         BackendName::Reference => Device::Cpu,
