@@ -3,9 +3,9 @@
 # staged in .dev/gpu (git am research/patches/v37-*.patch && bash scripts/gpu-build.sh), the
 # lab-v32 CLI in .dev/gpu-old/dsv4-lab and the candidate's wheel in .whl. In order of what
 # each verdict needs, each step bounded so that the call fits in LIMIT seconds (default 430):
-# racecheck over the shared attention cases (issue 41's last criterion), the attention's
+# racecheck over the shared attention cases (2/5 of LIMIT at most) (issue 41's last criterion), the attention's
 # Rust GPU tests, one round of `dsv4 bench sparse-attention --no-sweep` of lab-v32 and of the
-# candidate, the host-time breakdown through torch, then test_gpu_indices.py and
+# candidate (BENCH_ARGS=--fwd-only for the forward rows alone), the host-time breakdown through torch, then test_gpu_indices.py and
 # test_gpu_graphs.py with what is left.
 #   run: bash research/round38_one.sh   carry: .dev/gpu .dev/gpu-old .whl
 set -uo pipefail
@@ -17,16 +17,18 @@ t0=$SECONDS
 left() { echo $((limit - (SECONDS - t0) - ${1:-0})); }
 san=/usr/local/cuda/bin/compute-sanitizer
 (export DSV4_SHARED_DIR=$PWD/.dev/gpu
- timeout 170 $san --tool racecheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_cases --include-ignored --test-threads=1 small_sparse_attention_cases > "$out/racecheck.txt" 2>&1
+ timeout $((limit * 2 / 5)) $san --tool racecheck --error-exitcode 1 --print-limit 20 .dev/gpu/tests/gpu_cases --include-ignored --test-threads=1 small_sparse_attention_cases > "$out/racecheck.txt" 2>&1
  echo "racecheck rc=$? ($((SECONDS - t0)) s)"; grep -E "Race reported|RACECHECK SUMMARY|test result" "$out/racecheck.txt" | head -12
  for t in gpu_sparse_attention gpu_cases; do
-   timeout 60 .dev/gpu/tests/$t --include-ignored --test-threads=1 > "$out/test_$t.txt" 2>&1
+   l=$(left 150); [ "$l" -gt 60 ] && l=60; [ "$l" -gt 10 ] || break
+   timeout "$l" .dev/gpu/tests/$t --include-ignored --test-threads=1 > "$out/test_$t.txt" 2>&1
    echo "test $t rc=$? ($((SECONDS - t0)) s): $(grep -E '^test result' "$out/test_$t.txt")"; grep -E "FAILED|panicked" "$out/test_$t.txt" | head -5
  done)
 bench() {
   local v=$1 bin=.dev/gpu/dsv4
   [ "$v" = lab ] && bin=.dev/gpu-old/dsv4-lab
-  timeout 75 $bin bench sparse-attention --no-sweep --iters 20 --cooldown-ms 200 > "$out/bench_$v.txt" 2>&1
+  local l=$(left 40); [ "$l" -gt 75 ] && l=75; [ "$l" -gt 15 ] || return
+  timeout "$l" $bin bench sparse-attention --no-sweep ${BENCH_ARGS:-} --iters 20 --cooldown-ms 200 > "$out/bench_$v.txt" 2>&1
   echo "--- bench $v rc=$? ($((SECONDS - t0)) s)"; grep -E "sparse_attention" "$out/bench_$v.txt" | cut -c1-120
 }
 bench lab; bench candidate
