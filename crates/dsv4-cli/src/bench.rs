@@ -390,13 +390,14 @@ fn print(entries: &[Entry], json: bool) {
     }
 }
 
-/// The table sizes `all`, or only the one `flag N` names (`--s N`: a sequence length of the
-/// attention and indexer tables; `--m N`: a Sinkhorn matrix count).
 /// `dsv4 bench`'s switches and valued flags (see the usage in main.rs).
 pub const SWITCHES: &[&str] = &["--json", "--fwd-only", "--bwd-only", "--atomic-only", "--topk-scores-only", "--no-sweep", "--plan-first"];
 pub const VALUED: &[&str] = &["--iters", "--workspace-mib", "--s", "--m", "--config", "--cooldown-ms"];
+/// The benches `dsv4 bench <target>` runs.
+const TARGETS: &[&str] = &["sparse-attention", "indexer", "sinkhorn", "qnorm-rope", "all"];
 
-/// The sizes of `all` to run: all of them, or the one `flag` names (an error if it is not one).
+/// The table sizes `all`, or only the one `flag N` names (`--s N`: a sequence length of the
+/// attention and indexer tables; `--m N`: a Sinkhorn matrix count), an error if it is not one.
 fn sizes(args: &Args, flag: &str, all: &[usize]) -> Result<Vec<usize>> {
     match args.value::<usize>(flag, "a size")? {
         None => Ok(all.to_vec()),
@@ -409,10 +410,10 @@ pub fn main(args: &Args) -> Result<bool> {
     let what = match args.positional() {
         [] => "all",
         [w] => w.as_str(),
-        [_, extra, ..] => return Err(Error::Data(format!("dsv4 bench: unexpected argument `{extra}` (one target: sparse-attention, indexer, sinkhorn, qnorm-rope, all)"))),
+        [_, extra, ..] => return Err(Error::Data(format!("bench: unexpected argument `{extra}` (one target: {})", TARGETS.join(", ")))),
     };
-    if !["all", "sparse-attention", "indexer", "sinkhorn", "qnorm-rope"].contains(&what) {
-        return Err(Error::Data(format!("unknown bench `{what}` (sparse-attention, indexer, sinkhorn, qnorm-rope, all)")));
+    if !TARGETS.contains(&what) {
+        return Err(Error::Data(format!("unknown bench `{what}` ({})", TARGETS.join(", "))));
     }
     let json = args.has("--json");
     let iters = args.value::<usize>("--iters", "a positive count")?.unwrap_or(20);

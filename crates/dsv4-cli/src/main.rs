@@ -78,7 +78,7 @@ fn main() -> ExitCode {
 
 fn cmd_check(args: &Args) -> dsv4_core::Result<bool> {
     if let Some(w) = args.positional().first() {
-        return Err(dsv4_core::Error::Data(format!("dsv4 check: unexpected argument `{w}`")));
+        return Err(dsv4_core::Error::Data(format!("check: unexpected argument `{w}`")));
     }
     let name: BackendName = args.raw("--backend").unwrap_or("auto").parse()?;
     let preset_name = args.raw("--preset").unwrap_or("small");
