@@ -20,9 +20,9 @@ except ImportError:  # pragma: no cover - exercised by the numpy-only CI
 _NUMPY_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.int64): "i64"}
 _NUMPY_OF = {"f32": np.float32, "i32": np.int32, "i64": np.int64}
 _TORCH_DTYPES = {} if torch is None else {torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32", torch.int64: "i64"}
-
-
 _TORCH_OF = {} if torch is None else {v: k for k, v in _TORCH_DTYPES.items()}
+
+
 _Tensor = None if torch is None else torch.Tensor
 
 
@@ -110,7 +110,7 @@ def empty(like, shape, dtype: str):
     """Uninitialised contiguous memory of ``dtype`` beside ``like`` (torch's allocator for
     torch tensors, numpy for numpy arrays). ``dtype`` is a kernel dtype name or "like"."""
     if is_torch(like):
-        # new_empty: like's device and options without building a torch.device (1 µs less).
+        # new_empty: like's device without building a torch.device.
         return like.new_empty(tuple(shape)) if dtype == "like" else like.new_empty(tuple(shape), dtype=_TORCH_OF[dtype])
     nd = like.dtype if dtype == "like" else _NUMPY_OF[dtype]
     return np.empty(tuple(shape), dtype=nd)

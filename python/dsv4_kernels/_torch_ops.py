@@ -358,7 +358,7 @@ def _eager_function(name, impl, setup, backward):
     separate ``setup_context`` would make every call bind its arguments by inspection).
     Returns its C-level ``apply``: ``Function.apply``'s Python only binds defaults for a
     ``setup_context`` (there is none), routes functorch transforms and unwraps dead
-    wrappers, which ``_plain`` has already decided (about 9 µs a call)."""
+    wrappers, which ``_plain`` has already decided."""
 
     def forward(ctx, *args):
         output = impl(*args)
@@ -366,8 +366,7 @@ def _eager_function(name, impl, setup, backward):
         return output
 
     fn = type(f"_{name}_function", (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
-    c_apply = getattr(super(torch.autograd.Function, fn), "apply", None)
-    return fn.apply if c_apply is None else c_apply
+    return super(torch.autograd.Function, fn).apply
 
 
 class _Calls:
