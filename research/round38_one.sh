@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# v38's GPU call when little device time is left (issues 41, 37, 38), on the candidate build
-# staged in .dev/gpu (git am research/patches/v37-*.patch && bash scripts/gpu-build.sh), the
-# lab-v32 CLI in .dev/gpu-old/dsv4-lab and the candidate's wheel in .whl. In order of what
-# each verdict needs, each step bounded so that the call fits in LIMIT seconds (default 430):
-# racecheck over the shared attention cases (2/5 of LIMIT at most) (issue 41's last criterion), the attention's
-# Rust GPU tests, one round of `dsv4 bench sparse-attention --no-sweep` of lab-v32 and of the
-# candidate (BENCH_ARGS=--fwd-only for the forward rows alone), the host-time breakdown through torch, then test_gpu_indices.py and
-# test_gpu_graphs.py with what is left.
-#   run: bash research/round38_one.sh   carry: .dev/gpu .dev/gpu-old .whl
+# The GPU call for v37's candidates (issues 41, 37, 38), bounded to LIMIT seconds (default 430;
+# 590 for a whole call), on the candidate build staged in .dev/gpu (git am
+# research/patches/v37-*.patch && bash scripts/gpu-build.sh), lab-v32's CLI in
+# .dev/gpu-old/dsv4-lab and the candidate's wheel in .whl. In the order the verdicts need:
+# racecheck over the shared attention cases (2/5 of LIMIT at most), the attention's Rust GPU
+# tests, one round of `dsv4 bench sparse-attention --no-sweep` of lab-v32 and of the
+# candidate (BENCH_ARGS=--fwd-only: the forward rows alone), the host-time breakdown through
+# torch, test_gpu_indices.py and test_gpu_graphs.py, then the other sanitizers and `dsv4
+# check` (scripts/gpu-test.sh without the plain test runs) with what is left.
+#   run: LIMIT=430 bash research/round38_one.sh   carry: .dev/gpu .dev/gpu-old .whl
 set -uo pipefail
 out=${OUT:-.dev/out}; mkdir -p "$out"
 limit=${LIMIT:-430}
@@ -40,4 +41,9 @@ for f in test_gpu_indices test_gpu_graphs; do
   timeout "$l" python3 -m pytest -q -rs python/tests/$f.py -p no:cacheprovider > "$out/pytest_$f.txt" 2>&1
   echo "pytest $f ($((SECONDS - t0)) s): $(tail -1 "$out/pytest_$f.txt")"; grep -E "^FAILED|^E " "$out/pytest_$f.txt" | cut -c1-200 | head -8
 done
+l=$(left 5)
+if [ "$l" -gt 60 ]; then
+  DSV4_GPU_TESTS=0 timeout "$l" bash scripts/gpu-test.sh > /dev/null 2>&1; echo "sanitizers + check rc=$? ($((SECONDS - t0)) s)"
+  grep -E "^=== .*(ok|FAILED)|ERROR SUMMARY: [1-9]|checks:|gpu-test:" "$out/gpu-test.log" | head -20
+fi
 echo "done ($((SECONDS - t0)) s)"
